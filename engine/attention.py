@@ -1,0 +1,119 @@
+"""Attention over the paged KV cache in plain torch (the CPU path and the kernels' reference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where each sequence's tokens sit in the flat batch and in the paged cache.
+
+    The batch is the concatenation of every scheduled sequence's new tokens; sequence ``i`` owns
+    rows ``query_start_loc[i]:query_start_loc[i + 1]`` and attends over its first
+    ``seq_lens[i]`` cached tokens (earlier context plus the new ones).
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64: cache slot (block_id * block_size + offset) per token
+    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0
+    query_start_loc: list[int]  # B + 1 offsets into the flat batch
+    seq_lens: list[int]  # [B] context length after this step
+    decode_ids: list[int]  # sequences with exactly one new token
+    prefill_ids: list[int]  # the others (prompt chunks, recompute)
+    decode_seq_lens: torch.Tensor | None = None  # [Bd] int64
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int64
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @classmethod
+    def build(cls, slot_mapping: list[int], block_tables: list[list[int]], query_lens: list[int],
+              seq_lens: list[int]) -> AttentionMetadata:
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        width = max((len(t) for t in block_tables), default=1) or 1
+        table = torch.zeros((len(block_tables), width), dtype=torch.int64)
+        for row, blocks in enumerate(block_tables):
+            table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+        decode_ids = [i for i, n in enumerate(query_lens) if n == 1]
+        prefill_ids = [i for i, n in enumerate(query_lens) if n != 1]
+        meta = cls(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
+            block_tables=table,
+            query_start_loc=starts,
+            seq_lens=list(seq_lens),
+            decode_ids=decode_ids,
+            prefill_ids=prefill_ids,
+        )
+        if decode_ids:
+            index = torch.tensor(decode_ids, dtype=torch.int64)
+            meta.decode_seq_lens = torch.tensor([seq_lens[i] for i in decode_ids], dtype=torch.int64)
+            meta.decode_block_tables = table.index_select(0, index)
+        return meta
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write new keys/values ``[T, KVH, D]`` into their slots of ``[N, block_size, KVH, D]`` caches."""
+    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` cached tokens of one sequence: ``[seq_len, KVH, D]``."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    blocks = cache.index_select(0, block_table[:num_blocks])  # [nb, bs, KVH, D]
+    return blocks.flatten(0, 1)[:seq_len]
+
+
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of every new token over its sequence's cached context.
+
+    query ``[T, H, D]``; caches ``[N, block_size, KVH, D]`` already hold this step's keys and
+    values. Decode rows go through one padded, masked SDPA call; each prefill chunk gets its
+    own call with the causal mask shifted by its earlier context. Returns ``[T, H, D]``.
+    """
+    out = torch.empty_like(query)
+    if meta.decode_ids:
+        rows = torch.tensor([meta.query_start_loc[i] for i in meta.decode_ids], dtype=torch.int64)
+        out.index_copy_(0, rows, _decode_attention(query.index_select(0, rows), k_cache, v_cache, meta, scale))
+    for i in meta.prefill_ids:
+        start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        seq_len = meta.seq_lens[i]
+        keys = gather_context(k_cache, meta.block_tables[i], seq_len).transpose(0, 1)  # [KVH, S, D]
+        values = gather_context(v_cache, meta.block_tables[i], seq_len).transpose(0, 1)
+        q = query[start:end].transpose(0, 1)  # [H, Q, D]
+        num_new = end - start
+        if num_new == seq_len:
+            attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # NOTE: new token j sits at position seq_len - num_new + j and sees keys up to there.
+            q_pos = torch.arange(seq_len - num_new, seq_len).unsqueeze(1)
+            mask = torch.arange(seq_len).unsqueeze(0) <= q_pos  # [Q, S]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:end] = attn.transpose(0, 1)
+    return out
+
+
+def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
+    block_size = k_cache.shape[1]
+    max_len = int(meta.decode_seq_lens.max())
+    num_blocks = -(-max_len // block_size)
+    tables = meta.decode_block_tables[:, :num_blocks]  # [Bd, nb]
+    keys = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)  # [Bd, KVH, S, D]
+    values = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
+    mask = torch.arange(max_len).unsqueeze(0) < meta.decode_seq_lens.unsqueeze(1)  # [Bd, S]
+    attn = F.scaled_dot_product_attention(
+        query.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+    )  # [Bd, H, 1, D]
+    return attn.squeeze(2)

@@ -1,0 +1,125 @@
+"""The one engine configuration, validated on construction and finalized against a model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from engine.model.config import LlamaConfig
+
+ExecutionMode = Literal["eager", "optimized"]
+KVLayout = Literal["paged", "contiguous"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DEFAULT_KV_CACHE_MB = 256.0
+DEFAULT_CHUNKED_BATCHED_TOKENS = 512
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Everything that shapes the engine, passed whole to its components.
+
+    Fields left ``None`` are derived from the model by :meth:`finalize`, the one place
+    derived values (context length, token budget, KV block count) are computed.
+    """
+
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    seed: int = 0
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_mb: float | None = None
+    kv_layout: KVLayout = "paged"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    execution: ExecutionMode = "optimized"
+    num_threads: int | None = None
+    host_overhead_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        _require_positive("max_num_seqs", self.max_num_seqs)
+        _require_positive("block_size", self.block_size)
+        for name in ("max_num_batched_tokens", "max_model_len", "num_kv_blocks", "num_threads"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive(name, value)
+        if self.kv_cache_mb is not None and not self.kv_cache_mb > 0:
+            raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb!r}")
+        if self.num_kv_blocks is not None and self.kv_cache_mb is not None:
+            raise ValueError("give either num_kv_blocks or kv_cache_mb, not both")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if self.execution not in ("eager", "optimized"):
+            raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
+        if self.host_overhead_ms < 0:
+            raise ValueError(f"host_overhead_ms must be >= 0, got {self.host_overhead_ms!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def is_finalized(self) -> bool:
+        return None not in (self.max_model_len, self.max_num_batched_tokens, self.num_kv_blocks)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        assert self.max_model_len is not None, "finalize() the config first"
+        return math.ceil(self.max_model_len / self.block_size)
+
+    def finalize(self, model_config: LlamaConfig) -> EngineConfig:
+        """Return a copy with every derived field filled in and checked against the model."""
+        max_model_len = self.max_model_len or min(model_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        if max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's context of "
+                f"{model_config.max_position_embeddings} tokens"
+            )
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {max_model_len}")
+
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = DEFAULT_CHUNKED_BATCHED_TOKENS if self.enable_chunked_prefill else max_model_len
+            budget = max(budget, self.max_num_seqs)
+        elif not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens={budget} "
+                f"is below max_model_len={max_model_len}; raise it or enable chunked prefill"
+            )
+
+        block_bytes = self.block_size * model_config.kv_bytes_per_token(self.torch_dtype.itemsize)
+        num_blocks = self.num_kv_blocks
+        if num_blocks is None:
+            kv_mb = self.kv_cache_mb if self.kv_cache_mb is not None else DEFAULT_KV_CACHE_MB
+            num_blocks = int(kv_mb * 2**20 // block_bytes)
+        blocks_per_seq = math.ceil(max_model_len / self.block_size)
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"KV pool too small for one request: {num_blocks} blocks of {self.block_size} tokens "
+                f"({num_blocks * block_bytes / 2**20:.2f} MiB) cannot hold max_model_len={max_model_len} "
+                f"tokens ({blocks_per_seq} blocks); give more KV memory or a smaller max_model_len"
+            )
+        return dataclasses.replace(
+            self, max_model_len=max_model_len, max_num_batched_tokens=budget, num_kv_blocks=num_blocks,
+            kv_cache_mb=None,
+        )
+
+
+def _require_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

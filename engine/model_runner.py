@@ -1,0 +1,109 @@
+"""Owns the model and its KV cache; turns a SchedulerOutput into sampled tokens."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.config import EngineConfig
+from engine.model.llama import KVCache, LlamaForCausalLM
+from engine.request import RequestId
+from engine.sampler import Sampler
+from engine.scheduler import SchedulerOutput
+from engine.weights import LoadedModel
+
+
+@dataclass(slots=True)
+class ModelInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [S] rows of the flat batch whose logits are sampled
+    sampled_request_ids: list[RequestId]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled: dict[RequestId, int]
+    prepare_s: float
+    forward_s: float
+    sample_s: float
+
+
+class ModelRunner:
+    """Runs the model for one scheduled batch. It reads the scheduler's output, never its queues."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
+        assert config.is_finalized
+        self.config = config
+        self.model_config = loaded.config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(loaded.config)
+        # NOTE: built on the meta device so no time goes into random init that load_weights overwrites.
+        model = model.to_empty(device="cpu")
+        if loaded.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.load_weights(loaded.state_dict)
+        self.model = model.to(config.torch_dtype).eval()
+        self.kv_caches = self._allocate_kv_cache()
+        self.sampler = Sampler(config.seed)
+
+    def _allocate_kv_cache(self) -> list[KVCache]:
+        mc = self.model_config
+        shape = (self.config.num_kv_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
+        return [(torch.zeros(shape, dtype=self.config.torch_dtype), torch.zeros(shape, dtype=self.config.torch_dtype))
+                for _ in range(mc.num_layers)]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
+        block_size = self.config.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        logits_indices: list[int] = []
+        sampled_ids: list[RequestId] = []
+        for item in out.scheduled:
+            request = item.request
+            start = item.start
+            end = start + item.num_new_tokens
+            input_ids.extend(request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            blocks = request.block_ids
+            slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
+            query_lens.append(item.num_new_tokens)
+            seq_lens.append(end)
+            block_tables.append(blocks)
+            if item.samples_token:
+                logits_indices.append(len(input_ids) - 1)
+                sampled_ids.append(request.request_id)
+        return ModelInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            meta=AttentionMetadata.build(slots, block_tables, query_lens, seq_lens),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
+            sampled_request_ids=sampled_ids,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        t0 = time.perf_counter()
+        inputs = self.prepare_inputs(out)
+        t1 = time.perf_counter()
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        t2 = time.perf_counter()
+        params = [out_req.request.sampling_params for out_req in out.scheduled if out_req.samples_token]
+        tokens = self.sampler.sample(logits, list(inputs.sampled_request_ids), params)
+        t3 = time.perf_counter()
+        return RunnerOutput(dict(zip(inputs.sampled_request_ids, tokens, strict=True)), t1 - t0, t2 - t1, t3 - t2)

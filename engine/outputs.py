@@ -1,0 +1,44 @@
+"""What the engine hands back per request and per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import RequestId
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A request's output so far; ``new_*`` fields hold what this step added (for streaming)."""
+
+    request_id: RequestId
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of the engine's queues and KV pool."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks: int
+    num_kv_blocks_used: int
+    num_kv_blocks_free: int
+    num_kv_blocks_cached: int
+    num_preemptions_total: int
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int
+    num_steps: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_kv_blocks_used / self.num_kv_blocks
