@@ -99,12 +99,15 @@ class Tokenizer:
         self._backend = backend
         self._bos_token_id = bos_token_id
         self._eos_token_ids = list(dict.fromkeys(eos_token_ids))
-        self.chat_template = chat_template if chat_template is not None else CHATML_TEMPLATE
+        self._chat_template = chat_template if chat_template is not None else CHATML_TEMPLATE
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = _raise_template_error
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        self._template = env.from_string(self.chat_template)
+        try:
+            self._template = env.from_string(self._chat_template)
+        except TemplateError as error:
+            raise ValueError(f"chat template does not parse: {error}") from error
 
     # ---------------------------------------------------------------- constructors
 
@@ -209,6 +212,11 @@ class Tokenizer:
     def eos_token_ids(self) -> list[int]:
         """Every id that ends a generation."""
         return list(self._eos_token_ids)
+
+    @property
+    def chat_template(self) -> str:
+        """The Jinja2 source :meth:`apply_chat_template` renders (ChatML when the model has none)."""
+        return self._chat_template
 
     @property
     def backend(self) -> tokenizers.Tokenizer:

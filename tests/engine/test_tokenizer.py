@@ -83,6 +83,12 @@ def test_model_template_uses_special_tokens_and_can_raise() -> None:
         tokenizer.apply_chat_template(CONVERSATION)
 
 
+def test_broken_template_raises_at_construction() -> None:
+    with pytest.raises(ValueError, match="chat template does not parse"):
+        Tokenizer(Tokenizer.byte_level(512).backend, bos_token_id=None, eos_token_ids=[256],
+                  chat_template="{% for m in messages %}")
+
+
 @pytest.mark.parametrize(
     ("messages", "message"),
     [
