@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.model_runner import ModelRunner
-from engine.observer import EngineObserver, RequestEvent, RequestEventKind, StepStats
+from engine.observer import EngineObserver, RequestEventKind, StepStats
+from engine.output_processor import OutputProcessor
 from engine.outputs import EngineStats, RequestOutput
-from engine.request import Request, RequestId, RequestStatus
+from engine.request import RequestId, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, TokenUpdate
 from engine.weights import LoadedModel, load_model
+
+
+def burn_host_overhead(milliseconds: float) -> float:
+    """Spend ``milliseconds`` of host time; returns the seconds actually spent."""
+    if milliseconds <= 0:
+        return 0.0
+    start = time.perf_counter()
+    deadline = start + milliseconds / 1000
+    # NOTE: a busy loop holding the GIL, like real per-step Python overhead, not a sleep.
+    while time.perf_counter() < deadline:
+        pass
+    return time.perf_counter() - start
 
 
 class LLMEngine:
@@ -29,46 +40,36 @@ class LLMEngine:
         eos_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(self.config, eos_ids)
         self.runner = ModelRunner(self.config, loaded)
-        self.observers: list[EngineObserver] = []
-        self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
-        self._ids = itertools.count()
+        self.outputs = OutputProcessor(self.tokenizer, loaded.config.vocab_size,
+                                       self.config.max_model_len)  # type: ignore[arg-type]
         self.num_steps = 0
 
     # -- requests -----------------------------------------------------------------------------
+    @property
+    def observers(self) -> list[EngineObserver]:
+        return self.outputs.observers
+
     def add_observer(self, observer: EngineObserver) -> None:
-        self.observers.append(observer)
+        self.outputs.observers.append(observer)
 
     def remove_observer(self, observer: EngineObserver) -> None:
-        self.observers.remove(observer)
-
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        vocab = self.model_config.vocab_size
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        return list(prompt)
+        self.outputs.observers.remove(observer)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> RequestId:
-        """Queue a request; raises ValueError for an empty or over-long prompt."""
-        params = params or SamplingParams()
-        rid = RequestId(request_id if request_id is not None else f"req-{next(self._ids)}")
-        request = Request(rid, self.tokenize(prompt), params, self.config.max_model_len,  # type: ignore[arg-type]
-                          arrival_time=arrival_time if arrival_time is not None else time.time())
+        """Queue a request; raises ValueError for an empty or over-long prompt or a reused id."""
+        request = self.outputs.new_request(prompt, params, request_id,
+                                           arrival_time if arrival_time is not None else time.time())
         self.scheduler.add_request(request)
-        self._detokenizers[rid] = IncrementalDetokenizer(self.tokenizer, params.stop,
-                                                         params.include_stop_str_in_output)
-        self._emit(request, RequestEventKind.ARRIVED, request.arrival_time)
-        return rid
+        return request.request_id
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is unknown or already done."""
         request = self.scheduler.finish_request(RequestId(request_id), RequestStatus.FINISHED_ABORTED)
         if request is None:
             return False
-        self._release(request)
-        self._emit(request, RequestEventKind.FINISHED, time.time())
+        self.runner.sampler.release(request.request_id)
+        self.outputs.release(request, time.time())
         return True
 
     def has_unfinished(self) -> bool:
@@ -83,7 +84,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         if sched.is_empty:
             return []
-        overhead_s = self._burn_host_overhead()
+        overhead_s = burn_host_overhead(self.config.host_overhead_ms)
         result = self.runner.execute(sched)
         t2 = time.perf_counter()
         updates = self.scheduler.update(sched, result.sampled)
@@ -109,59 +110,23 @@ class LLMEngine:
         )
 
     # -- helpers ------------------------------------------------------------------------------
-    def _burn_host_overhead(self) -> float:
-        if self.config.host_overhead_ms <= 0:
-            return 0.0
-        start = time.perf_counter()
-        deadline = start + self.config.host_overhead_ms / 1000
-        # NOTE: a busy loop holding the GIL, like real per-step Python overhead, not a sleep.
-        while time.perf_counter() < deadline:
-            pass
-        return time.perf_counter() - start
-
     def _process(self, sched: SchedulerOutput, updates: list[TokenUpdate]) -> list[RequestOutput]:
         now = time.time()
-        for rid in sched.preempted_ids:
+        for rid, kind in [(r, RequestEventKind.PREEMPTED) for r in sched.preempted_ids] + \
+                         [(r, RequestEventKind.SCHEDULED) for r in sched.newly_scheduled_ids]:
             request = self.scheduler.requests.get(rid)
             if request is not None:
-                self._emit(request, RequestEventKind.PREEMPTED, now)
-        for rid in sched.newly_scheduled_ids:
-            request = self.scheduler.requests.get(rid)
-            if request is not None:
-                self._emit(request, RequestEventKind.SCHEDULED, now)
+                self.outputs.emit(request, kind, now)
         outputs: list[RequestOutput] = []
         for update in updates:
             request = update.request
             assert update.new_token_id is not None
-            detok = self._detokenizers[request.request_id]
-            hit = detok.add_token(update.new_token_id)
-            if hit is not None and not request.is_finished:
-                request.stop_reason = hit
+            if self.outputs.add_token(request, update.new_token_id) is not None and not request.is_finished:
                 self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-            self._emit(request, RequestEventKind.TOKEN, now)
-            outputs.append(RequestOutput(
-                request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                token_ids=request.output_token_ids, text=detok.text, new_token_ids=[update.new_token_id],
-                new_text=detok.take_delta(request.is_finished), finished=request.is_finished,
-                finish_reason=request.finish_reason, stop_reason=request.stop_reason,
-                num_cached_tokens=request.num_cached_tokens, num_preemptions=request.num_preemptions,
-            ))
             if request.is_finished:
-                self._release(request)
-                self._emit(request, RequestEventKind.FINISHED, now)
+                self.runner.sampler.release(request.request_id)
+            outputs.append(self.outputs.make_output(request, update.new_token_id, now))
         return outputs
-
-    def _release(self, request: Request) -> None:
-        self._detokenizers.pop(request.request_id, None)
-        self.runner.sampler.release(request.request_id)
-
-    def _emit(self, request: Request, kind: RequestEventKind, when: float) -> None:
-        if not self.observers:
-            return
-        event = RequestEvent(request.request_id, kind, when, request.num_prompt_tokens,
-                             request.num_output_tokens, request.num_cached_tokens, request.finish_reason)
-        for observer in self.observers:
-            observer.on_request_event(event)
 
     def _step_stats(self, sched: SchedulerOutput, start_time: float, schedule_s: float, prepare_s: float,
                     forward_s: float, sample_s: float, output_s: float, overhead_s: float) -> StepStats:

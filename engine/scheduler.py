@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.output_processor import stop_status
 from engine.request import Request, RequestId, RequestStatus
 
 
@@ -178,7 +179,7 @@ class Scheduler:
             is_first = request.num_output_tokens == 0
             request.append_output_token(token_id)
             updates.append(TokenUpdate(request, token_id, is_first))
-            status = self._stop_status(request, token_id)
+            status = stop_status(request, token_id, self.eos_token_ids)
             if status is not None:
                 self.finish_request(request.request_id, status)
         return updates
@@ -191,14 +192,3 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.appendleft(request)
-
-    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if token_id in params.stop_token_ids:
-            request.stop_reason = token_id
-            return RequestStatus.FINISHED_STOPPED
-        if not params.ignore_eos and token_id in self.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= request.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None

@@ -1,0 +1,42 @@
+"""The `servescope generate` command, run as users run it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def servescope_command() -> list[str]:
+    script = Path(sys.executable).parent / "servescope"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "engine.cli"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*servescope_command(), *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.real_model
+def test_generate_on_default_model_continues_sensibly() -> None:
+    result = run_cli("generate", "The capital of France is", "--max-tokens", "12")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("The capital of France is")
+    assert "Paris" in result.stdout
+
+
+def test_generate_on_dummy_model_with_sampling() -> None:
+    result = run_cli("generate", "hello", "--model", "dummy:tiny", "--max-tokens", "4", "--temperature", "0.8",
+                     "--sampling-seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("hello")
+
+
+def test_bad_flags_give_a_clear_error() -> None:
+    result = run_cli("generate", "hi", "--model", "dummy:tiny", "--block-size", "0")
+    assert result.returncode == 2
+    assert "block_size must be a positive integer" in result.stderr
+    result = run_cli("generate", "hi", "--model", "no-such-model")
+    assert result.returncode == 2
+    assert "cannot load model 'no-such-model'" in result.stderr
