@@ -100,13 +100,14 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm = self.scheduler.block_manager
+        allocated, used = self.scheduler.kv_slot_usage()
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_kv_blocks=bm.num_blocks, num_kv_blocks_used=bm.num_used_blocks,
             num_kv_blocks_free=bm.num_free_blocks, num_kv_blocks_cached=bm.num_cached_free_blocks,
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_query_tokens=bm.num_prefix_query_tokens, num_prefix_hit_tokens=bm.num_prefix_hit_tokens,
-            num_steps=self.num_steps,
+            num_steps=self.num_steps, num_kv_slots_allocated=allocated, num_kv_slots_used=used,
         )
 
     # -- helpers ------------------------------------------------------------------------------
@@ -131,9 +132,7 @@ class LLMEngine:
     def _step_stats(self, sched: SchedulerOutput, start_time: float, schedule_s: float, prepare_s: float,
                     forward_s: float, sample_s: float, output_s: float, overhead_s: float) -> StepStats:
         bm = self.scheduler.block_manager
-        running = self.scheduler.running
-        allocated = sum(len(r.block_ids) for r in running) * bm.block_size
-        used = sum(r.num_computed_tokens for r in running)
+        allocated, used = self.scheduler.kv_slot_usage()
         return StepStats(
             step_index=self.num_steps - 1, start_time=start_time, schedule_s=schedule_s, prepare_s=prepare_s,
             forward_s=forward_s, sample_s=sample_s, output_s=output_s, host_overhead_s=overhead_s,

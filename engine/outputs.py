@@ -38,7 +38,9 @@ class EngineStats:
     num_prefix_query_tokens: int
     num_prefix_hit_tokens: int
     num_steps: int
+    num_kv_slots_allocated: int = 0  # token slots held by running requests
+    num_kv_slots_used: int = 0  # of those, slots holding a computed token
 
     @property
     def kv_cache_usage(self) -> float:
-        return self.num_kv_blocks_used / self.num_kv_blocks
+        return self.num_kv_blocks_used / self.num_kv_blocks if self.num_kv_blocks else 0.0

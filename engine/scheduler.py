@@ -99,6 +99,11 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def kv_slot_usage(self) -> tuple[int, int]:
+        """(token slots allocated to running requests, slots of those holding computed tokens)."""
+        allocated = sum(len(r.block_ids) for r in self.running) * self.block_manager.block_size
+        return allocated, sum(r.num_computed_tokens for r in self.running)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
