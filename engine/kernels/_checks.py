@@ -7,7 +7,8 @@ never forces a device sync and stays legal inside CUDA-graph capture.
 from __future__ import annotations
 
 import torch
-import triton
+
+from engine.kernels._interpreter import is_interpreted
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -17,11 +18,6 @@ def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``; unlike ``assert`` it survives ``python -O``."""
     if not condition:
         raise ValueError(message)
-
-
-def is_interpreted(kernel: object) -> bool:
-    """Whether ``kernel`` was built by Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return not isinstance(kernel, triton.JITFunction)
 
 
 def check_tensor(name: str, tensor: torch.Tensor, ndim: int, dtypes: tuple[torch.dtype, ...]) -> None:

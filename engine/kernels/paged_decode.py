@@ -24,6 +24,7 @@ from engine.kernels._checks import (
     check_unit_last_stride,
     require,
 )
+from engine.kernels._interpreter import cast_rounded, emulate_bf16
 
 LOG2E = 1.4426950408889634
 
@@ -45,6 +46,7 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -52,8 +54,8 @@ def _paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
 
     dims = tl.arange(0, HEAD_DIM)  # [D]
-    # NOTE: everything is upcast to float32 right after loading; the interpreter cannot do
-    # bfloat16 arithmetic (it stores bf16 as uint16) and decode is bandwidth-bound anyway.
+    # NOTE: everything is upcast to float32 right after loading: decode is bandwidth-bound, and
+    # the interpreter could not do bfloat16 arithmetic anyway.
     q = tl.load(q_ptr + seq * stride_qb + head * stride_qh + dims).to(tl.float32)  # [D]
     q = q * scale_log2e  # softmax in base 2: exp2(x * log2 e) == exp(x)
 
@@ -84,7 +86,8 @@ def _paged_decode_kernel(
 
     # NOTE: an empty context (seq_len == 0, e.g. a padded CUDA-graph row) yields zeros, not NaN.
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims,
+             cast_rounded(out, out_ptr.dtype.element_ty, EMULATE_BF16))
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -133,5 +136,6 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_N=block_n,
+        EMULATE_BF16=emulate_bf16(_paged_decode_kernel, query.dtype),
     )
     return out
