@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,10 @@ class AttentionMetadata:
     prefill_ids: list[int]  # the others (prompt chunks, recompute)
     decode_seq_lens: torch.Tensor | None = None  # [Bd] int64
     decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int64
+    # The same metadata as device tensors, built once per step for kernels (never per layer).
+    seq_lens_t: torch.Tensor | None = None  # [B] int32
+    query_start_loc_t: torch.Tensor | None = None  # [B + 1] int32
+    max_query_len: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -32,7 +37,7 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, slot_mapping: list[int], block_tables: list[list[int]], query_lens: list[int],
-              seq_lens: list[int]) -> AttentionMetadata:
+              seq_lens: list[int], device: torch.device | str = "cpu") -> AttentionMetadata:
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
@@ -42,18 +47,23 @@ class AttentionMetadata:
             table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
         decode_ids = [i for i, n in enumerate(query_lens) if n == 1]
         prefill_ids = [i for i, n in enumerate(query_lens) if n != 1]
+        device = torch.device(device)
         meta = cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64),
-            block_tables=table,
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64).to(device, non_blocking=True),
+            block_tables=table.to(device, non_blocking=True),
             query_start_loc=starts,
             seq_lens=list(seq_lens),
             decode_ids=decode_ids,
             prefill_ids=prefill_ids,
+            max_query_len=max(query_lens, default=0),
         )
+        meta.seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True)
+        meta.query_start_loc_t = torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True)
         if decode_ids:
             index = torch.tensor(decode_ids, dtype=torch.int64)
-            meta.decode_seq_lens = torch.tensor([seq_lens[i] for i in decode_ids], dtype=torch.int64)
-            meta.decode_block_tables = table.index_select(0, index)
+            meta.decode_seq_lens = torch.tensor([seq_lens[i] for i in decode_ids],
+                                                dtype=torch.int64).to(device, non_blocking=True)
+            meta.decode_block_tables = table.index_select(0, index).to(device, non_blocking=True)
         return meta
 
 
@@ -83,7 +93,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     out = torch.empty_like(query)
     if meta.decode_ids:
-        rows = torch.tensor([meta.query_start_loc[i] for i in meta.decode_ids], dtype=torch.int64)
+        rows = torch.tensor([meta.query_start_loc[i] for i in meta.decode_ids], dtype=torch.int64,
+                            device=query.device)
         out.index_copy_(0, rows, _decode_attention(query.index_select(0, rows), k_cache, v_cache, meta, scale))
     for i in meta.prefill_ids:
         start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
@@ -96,8 +107,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
         else:
             # NOTE: new token j sits at position seq_len - num_new + j and sees keys up to there.
-            q_pos = torch.arange(seq_len - num_new, seq_len).unsqueeze(1)
-            mask = torch.arange(seq_len).unsqueeze(0) <= q_pos  # [Q, S]
+            q_pos = torch.arange(seq_len - num_new, seq_len, device=query.device).unsqueeze(1)
+            mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= q_pos  # [Q, S]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:end] = attn.transpose(0, 1)
     return out
@@ -107,13 +118,43 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
     assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
     block_size = k_cache.shape[1]
-    max_len = int(meta.decode_seq_lens.max())
+    max_len = max(meta.seq_lens[i] for i in meta.decode_ids)  # from the host list: no device sync
     num_blocks = -(-max_len // block_size)
     tables = meta.decode_block_tables[:, :num_blocks]  # [Bd, nb]
     keys = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)  # [Bd, KVH, S, D]
     values = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    mask = torch.arange(max_len).unsqueeze(0) < meta.decode_seq_lens.unsqueeze(1)  # [Bd, S]
+    mask = torch.arange(max_len, device=query.device).unsqueeze(0) < meta.decode_seq_lens.unsqueeze(1)  # [Bd, S]
     attn = F.scaled_dot_product_attention(
         query.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
     )  # [Bd, H, 1, D]
     return attn.squeeze(2)
+
+
+class AttentionBackend(Protocol):
+    """The two cache operations a layer needs; the runner picks the implementation."""
+
+    name: str
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None: ...
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TorchAttentionBackend:
+    """Plain torch: index_copy for the store, SDPA over gathered blocks for attention."""
+
+    name: str = "torch"
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return paged_attention(query, k_cache, v_cache, meta, scale)
+
+
+TORCH_BACKEND = TorchAttentionBackend()

@@ -117,9 +117,12 @@ class BlockManager:
             if block is None or block.token_ids != self._block_tokens(request, index):
                 break
             hits.append(block)
-        self.num_prefix_query_tokens += request.num_tokens
-        self.num_prefix_hit_tokens += len(hits) * self.block_size
         return hits
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (not the retries of a request left waiting)."""
+        self.num_prefix_query_tokens += num_query_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
 
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,

@@ -29,6 +29,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     kv.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--kv-layout", default="paged", choices=["paged", "contiguous"])
     g.add_argument("--execution", default="optimized", choices=["eager", "optimized"])
+    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument("--num-threads", type=int, default=None)
@@ -43,7 +45,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, kv_cache_mb=args.kv_cache_mb, num_kv_blocks=args.num_kv_blocks,
         kv_layout=args.kv_layout, execution=args.execution, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, num_threads=args.num_threads,
-        host_overhead_ms=args.host_overhead_ms,
+        host_overhead_ms=args.host_overhead_ms, device=args.device, attention_backend=args.attention_backend,
     )
 
 
@@ -93,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser("fetch-model", help="download and verify the default model's GGUF file")
     fetch.set_defaults(func=_cmd_fetch_model)
+
+    from engine.server.cli import register as register_serve  # here, not at the top: it imports this module
+
+    register_serve(sub)
 
     for entry in entry_points(group="servescope.commands"):
         entry.load()(sub)

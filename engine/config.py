@@ -12,6 +12,7 @@ import torch
 from engine.model.config import LlamaConfig
 
 ExecutionMode = Literal["eager", "optimized"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
 KVLayout = Literal["paged", "contiguous"]
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -45,6 +46,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     execution: ExecutionMode = "optimized"
+    device: str = "auto"  # "auto" takes CUDA when present, else the CPU
+    attention_backend: AttentionBackendName = "auto"  # auto: Triton on GPU when optimized, else torch
     num_threads: int | None = None
     host_overhead_ms: float = 0.0
 
@@ -65,12 +68,22 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.execution not in ("eager", "optimized"):
             raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.host_overhead_ms < 0:
             raise ValueError(f"host_overhead_ms must be >= 0, got {self.host_overhead_ms!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
 
     @property
     def is_finalized(self) -> bool:

@@ -28,6 +28,7 @@ class IncrementalDetokenizer:
         self._read_offset = 0
         self.text = ""
         self._num_released = 0
+        self._stopped = False
 
     def add_token(self, token_id: int) -> str | None:
         """Append one token; returns the stop string it completed, if any."""
@@ -45,8 +46,18 @@ class IncrementalDetokenizer:
             index = self.text.find(stop, search_from)
             if index != -1:
                 self.text = self.text[: index + len(stop) if self._include_stop else index]
+                self._stopped = True
                 return stop
         return None
+
+    def flush(self) -> None:
+        """At finish: add the text of tokens still held back as an incomplete character."""
+        if self._stopped or self._read_offset == len(self._token_ids):
+            return
+        prefix = self._tokenizer.decode(self._token_ids[self._prefix_offset:self._read_offset])
+        full = self._tokenizer.decode(self._token_ids[self._prefix_offset:])
+        self.text += full[len(prefix):]
+        self._read_offset = len(self._token_ids)
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out that is safe to release now (all of it once finished)."""

@@ -122,8 +122,11 @@ class LLMEngine:
         for update in updates:
             request = update.request
             assert update.new_token_id is not None
-            if self.outputs.add_token(request, update.new_token_id) is not None and not request.is_finished:
-                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            if self.outputs.add_token(request, update.new_token_id) is not None:
+                if request.is_finished:  # the same token also hit a length limit: the stop string wins
+                    request.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
             if request.is_finished:
                 self.runner.sampler.release(request.request_id)
             outputs.append(self.outputs.make_output(request, update.new_token_id, now))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata
 from engine.config import EngineConfig
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.request import RequestId
@@ -42,6 +42,7 @@ class ModelRunner:
         self.model_config = loaded.config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
+        self.device = config.torch_device
         with torch.device("meta"):
             model = LlamaForCausalLM(loaded.config)
         # NOTE: built on the meta device so no time goes into random init that load_weights overwrites.
@@ -49,14 +50,36 @@ class ModelRunner:
         if loaded.config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.load_weights(loaded.state_dict)
-        self.model = model.to(config.torch_dtype).eval()
+        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        self.model.model.layers[0].self_attn.rotary.move_to(self.device)  # shared by every layer
+        if config.execution == "optimized":
+            self.model.fuse_projections()
+        self.attention_backend = self._attention_backend()
+        self.model.set_attention_backend(self.attention_backend)
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.seed)
+
+    def _attention_backend(self) -> AttentionBackend:
+        name = self.config.attention_backend
+        if name == "auto":
+            use_triton = self.device.type == "cuda" and self.config.execution == "optimized"
+            name = "triton" if use_triton else "torch"
+        if name == "torch":
+            return TORCH_BACKEND
+        # Imported only here: Triton decides compiled vs interpreted when the kernels are defined.
+        from engine.kernels import triton_available
+        from engine.kernels.backend import TritonAttentionBackend
+
+        available, reason = triton_available()
+        if not available:
+            raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
+        return TritonAttentionBackend()
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         mc = self.model_config
         shape = (self.config.num_kv_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
-        return [(torch.zeros(shape, dtype=self.config.torch_dtype), torch.zeros(shape, dtype=self.config.torch_dtype))
+        dtype, device = self.config.torch_dtype, self.device
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                 for _ in range(mc.num_layers)]
 
     @property
@@ -87,11 +110,12 @@ class ModelRunner:
             if item.samples_token:
                 logits_indices.append(len(input_ids) - 1)
                 sampled_ids.append(request.request_id)
+        device = self.device
         return ModelInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            meta=AttentionMetadata.build(slots, block_tables, query_lens, seq_lens),
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),
+            positions=torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True),
+            meta=AttentionMetadata.build(slots, block_tables, query_lens, seq_lens, device),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(device, non_blocking=True),
             sampled_request_ids=sampled_ids,
         )
 
@@ -101,7 +125,8 @@ class ModelRunner:
         inputs = self.prepare_inputs(out)
         t1 = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
+        # NOTE: .cpu() waits for the device, so forward_s covers the kernels, not just their launch.
         t2 = time.perf_counter()
         params = [out_req.request.sampling_params for out_req in out.scheduled if out_req.samples_token]
         tokens = self.sampler.sample(logits, list(inputs.sampled_request_ids), params)

@@ -63,13 +63,15 @@ class OutputProcessor:
     def add_token(self, request: Request, token_id: int) -> str | None:
         """Detokenize the token just appended; returns the stop string it completed, if any."""
         hit = self._detokenizers[request.request_id].add_token(token_id)
-        if hit is not None and not request.is_finished:
+        if hit is not None:
             request.stop_reason = hit
         return hit
 
     def make_output(self, request: Request, token_id: int, now: float) -> RequestOutput:
         """The output after this token; call once the request's status is final for this step."""
         detok = self._detokenizers[request.request_id]
+        if request.is_finished:
+            detok.flush()
         self.emit(request, RequestEventKind.TOKEN, now)
         output = RequestOutput(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,

@@ -167,6 +167,8 @@ class Scheduler:
                 out.scheduled.append(ScheduledRequest(request, num_new))  # after num_computed_tokens is set
                 out.newly_scheduled_ids.append(request.request_id)
                 out.num_prefix_hit_tokens += num_cached
+                if self.block_manager.enable_prefix_caching:
+                    self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
                 budget -= num_new
         return out
 

@@ -136,7 +136,7 @@ class StaticBatchEngine:
             request.num_computed_tokens = request.num_tokens
             request.append_output_token(token)
             status = stop_status(request, token, self.eos_token_ids)
-            if self.outputs.add_token(request, token) is not None and status is None:
+            if self.outputs.add_token(request, token) is not None:
                 status = RequestStatus.FINISHED_STOPPED
             if status is not None:
                 request.status = status

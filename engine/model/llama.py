@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention, store_kv
+from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata
 from engine.model.config import LlamaConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # per layer: K and V, [num_blocks, block_size, KVH, D]
@@ -39,6 +39,11 @@ class RotaryEmbedding(nn.Module):
         self.cos = freqs.cos().float()
         self.sin = freqs.sin().float()
 
+    def move_to(self, device: torch.device) -> None:
+        """Move the tables (Module.to does not see plain tensors); they stay float32."""
+        self.cos = self.cos.to(device)
+        self.sin = self.sin.to(device)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x ``[T, heads, D]`` rotated by each token's position."""
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
@@ -46,6 +51,18 @@ class RotaryEmbedding(nn.Module):
         x32 = x.float()
         x1, x2 = x32.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _fuse_linears(*linears: nn.Linear) -> torch.Tensor:
+    """Concatenate the weights along the output rows; the layers then view into the fused copy."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    offset = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        # NOTE: the originals become views so the model holds each weight once, fused or not.
+        lin.weight.data = fused[offset:offset + rows]
+        offset += rows
+    return fused
 
 
 class LlamaAttention(nn.Module):
@@ -61,17 +78,28 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.rotary = rotary
+        self.qkv_weight: torch.Tensor | None = None  # [(H + 2 KVH) * D, hidden] once fused
+        self.backend: AttentionBackend = TORCH_BACKEND
+
+    def fuse(self) -> None:
+        """One GEMM for Q, K and V instead of three (same weights, concatenated)."""
+        self.qkv_weight = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.rotary(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim), positions)
-        k = self.rotary(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim), positions)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.rotary(q.reshape(num_tokens, self.num_heads, self.head_dim), positions)
+        k = self.rotary(k.reshape(num_tokens, self.num_kv_heads, self.head_dim), positions)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        attn = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(attn.reshape(num_tokens, self.num_heads * self.head_dim))
+        self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        attn = self.backend.attend(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(attn.reshape(num_tokens, q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -80,9 +108,18 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
+
+    def fuse(self) -> None:
+        """One GEMM for the gate and up projections."""
+        self.gate_up_weight = _fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -131,6 +168,19 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """Final hidden states ``[T, hidden]`` for the flat batch of new tokens."""
         return self.model(input_ids, positions, kv_caches, meta)
+
+    def fuse_projections(self) -> None:
+        """Concatenate Q/K/V and gate/up weights so each layer runs 4 GEMMs instead of 7.
+
+        NOTE: the fused copies are taken from the loaded weights; call after load_weights.
+        """
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -21,7 +21,6 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ServerMetrics:
@@ -119,6 +118,10 @@ class EngineStatsCollector(Collector):
             ("servescope:num_kv_blocks_free", "KV blocks with no reference.", stats.num_kv_blocks_free),
             ("servescope:num_kv_blocks_cached", "Free KV blocks that still hold a reusable prefix.",
              stats.num_kv_blocks_cached),
+            ("servescope:num_kv_slots_allocated", "KV token slots held by running requests.",
+             stats.num_kv_slots_allocated),
+            ("servescope:num_kv_slots_used", "Of the slots held, those holding a computed token.",
+             stats.num_kv_slots_used),
         )
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])

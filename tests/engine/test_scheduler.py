@@ -195,3 +195,14 @@ def test_random_add_step_abort_keeps_invariants(ops: list[tuple[str, int, int]],
     assert_pool_idle(s)
     finished = [r for r in live if r.status != RequestStatus.FINISHED_ABORTED]
     assert all(r.status == RequestStatus.FINISHED_LENGTH for r in finished)
+
+
+def test_prefix_lookups_count_once_per_admission() -> None:
+    s = make_scheduler(max_num_seqs=1)
+    add(s, 10, max_tokens=5)
+    blocked = add(s, 10, max_tokens=5)
+    for _ in range(3):
+        run_step(s)  # the second request waits: its repeated lookups are not queries
+    assert s.block_manager.num_prefix_query_tokens == 10
+    drain(s)
+    assert s.block_manager.num_prefix_query_tokens == 10 + blocked.num_prompt_tokens

@@ -1,0 +1,102 @@
+"""A failure inside an engine step fails the requests in flight (500 or an error event), frees their
+blocks, and the server goes on serving; stopping the engine fails what is left and refuses more."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from engine import LLMEngine, SamplingParams
+from engine.server.app import ServerSettings
+from engine.server.async_engine import AsyncEngine
+from engine.server.request_stream import EngineUnavailableError
+from engine.weights import LoadedModel
+from tests.server.conftest import MODEL, LiveServer, next_events, start_server, stop_server, tiny_engine
+
+BODY = {"model": MODEL, "prompt": "doomed", "max_tokens": 4, "ignore_eos": True}
+
+
+def fail_next_forward(engine: LLMEngine) -> None:
+    """Make the model runner raise once, mid-step (after scheduling allocated the batch's blocks)."""
+    original = engine.runner.execute
+
+    def execute_once_failing(*args: object, **kwargs: object) -> object:
+        engine.runner.execute = original  # type: ignore[method-assign]
+        raise RuntimeError("injected: the device went away")
+
+    engine.runner.execute = execute_once_failing  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="module")
+def flaky(tiny_loaded: LoadedModel) -> Iterator[LiveServer]:
+    live = start_server(tiny_engine(tiny_loaded), ServerSettings())
+    yield live
+    stop_server(live)
+
+
+def test_failed_step_is_a_500_and_the_server_recovers(flaky: LiveServer) -> None:
+    flaky.wait_idle()
+    fail_next_forward(flaky.engine)  # type: ignore[arg-type]
+    failed = httpx.post(f"{flaky.api_url}/completions", json=BODY, timeout=30)
+    assert failed.status_code == 500
+    error = failed.json()["error"]
+    assert error["type"] == "server_error" and "injected" in error["message"]
+    idle = flaky.wait_idle()
+    assert idle.num_kv_blocks_free == idle.num_kv_blocks
+    ok = httpx.post(f"{flaky.api_url}/completions", json=BODY, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_failed_step_mid_stream_is_an_error_event(flaky: LiveServer) -> None:
+    flaky.wait_idle()
+    fail_next_forward(flaky.engine)  # type: ignore[arg-type]
+    with httpx.stream("POST", f"{flaky.api_url}/chat/completions", timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        lines = list(response.iter_lines())
+    role, error = next_events(iter(lines), 2)
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
+    assert "injected" in error["error"]["message"]  # type: ignore[index]
+    assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+    flaky.wait_idle()
+    assert httpx.get(f"{flaky.url}/health", timeout=30).status_code == 200
+
+
+def test_stop_fails_streams_in_flight_and_refuses_new_requests(tiny_loaded: LoadedModel) -> None:
+    engine = tiny_engine(tiny_loaded)
+
+    async def scenario() -> None:
+        async_engine = AsyncEngine(engine)
+        async_engine.start()
+        stream = await async_engine.generate([1, 2, 3], SamplingParams(max_tokens=1000, ignore_eos=True), "long")
+        first = await anext(stream)
+        assert not first.finished
+        await async_engine.stop()
+        with pytest.raises(EngineUnavailableError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineUnavailableError):
+            await async_engine.generate([1, 2, 3], SamplingParams(max_tokens=2), "late")
+        assert not async_engine.is_alive
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_kv_blocks_free) == (0, 0, stats.num_kv_blocks)
+
+
+def test_requests_after_the_engine_stopped_are_503_with_retry_after(tiny_loaded: LoadedModel) -> None:
+    live = start_server(tiny_engine(tiny_loaded), ServerSettings())
+    try:
+        loop = live.async_engine._loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(live.async_engine.stop(), loop).result(timeout=30)
+        response = httpx.post(f"{live.api_url}/completions", json=BODY, timeout=30)
+        assert response.status_code == 503 and int(response.headers["Retry-After"]) >= 1
+        assert response.json()["error"]["code"] == "unavailable"
+        assert httpx.get(f"{live.url}/health", timeout=30).status_code == 503
+    finally:
+        stop_server(live)
