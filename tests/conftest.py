@@ -20,3 +20,21 @@ def smollm2_gguf() -> Path:
     from engine.weights.fetch import fetch_smollm2
 
     return fetch_smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf: Path):
+    """HF transformers' own load of the same GGUF: the independent oracle (loaded once per session)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf: Path):
+    """Our loader's result for the real weights, shared by every real-model test."""
+    from engine.weights import load_model
+
+    return load_model("smollm2-135m")

@@ -105,13 +105,8 @@ REAL_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_reference(smollm2_gguf):
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, torch_dtype=torch.float32
-    ).eval()
-    loaded = load_model("smollm2-135m")
+def smollm2_reference(smollm2_hf, smollm2_loaded):
+    hf, loaded = smollm2_hf, smollm2_loaded
     llm = LLM("smollm2-135m", loaded=loaded)
     prompt_ids = [llm.tokenizer.encode(p) for p in REAL_PROMPTS]
     expected = [hf_greedy(hf, ids, NUM_NEW_TOKENS) for ids in prompt_ids]

@@ -17,7 +17,7 @@ from engine.tokenizer import Tokenizer
 from engine.weights import ACCEPTED_FORMS, LoadedModel, load_model
 from engine.weights import fetch as fetch_module
 from engine.weights.dummy import DUMMY_CONFIGS, load_dummy
-from engine.weights.gguf_loader import hf_tensor_name, load_gguf, unpermute_rotary_rows
+from engine.weights.gguf_loader import hf_tensor_name, unpermute_rotary_rows
 from engine.weights.hf_dir import load_hf_dir
 from engine.weights.layout import parameter_shapes
 
@@ -265,8 +265,8 @@ def test_fetch_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
-    return load_gguf(smollm2_gguf, torch.float32)
+def smollm2(smollm2_loaded) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
+    return smollm2_loaded.config, smollm2_loaded.state_dict, smollm2_loaded.tokenizer
 
 
 @pytest.mark.real_model
@@ -290,12 +290,9 @@ def test_smollm2_cached_fetch_is_reused(smollm2_gguf: Path) -> None:
 
 
 @pytest.mark.real_model
-def test_smollm2_weights_match_transformers(smollm2_gguf: Path,
+def test_smollm2_weights_match_transformers(smollm2_hf,
                                             smollm2: tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]) -> None:
-    transformers = pytest.importorskip("transformers")
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32,
-    ).state_dict()
+    reference = smollm2_hf.state_dict()
     _, state_dict, _ = smollm2
     for name, tensor in state_dict.items():
         # NOTE: q_proj and k_proj are the tensors that can silently go wrong (the rotary un-permute)
