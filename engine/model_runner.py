@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.request import RequestId
 from engine.sampler import Sampler
@@ -58,6 +59,18 @@ class ModelRunner:
         self.model.set_attention_backend(self.attention_backend)
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.seed)
+        self.decode_graphs = self._capture_decode_graphs()
+
+    def _capture_decode_graphs(self) -> DecodeGraphs | None:
+        """On GPU with the optimized path and Triton attention, capture decode graphs per bucket."""
+        if not (self.device.type == "cuda" and self.config.execution == "optimized"
+                and self.attention_backend.name == "triton"):
+            return None
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.config.max_num_seqs, self.config.max_blocks_per_seq,
+                              scratch_slot=self.config.num_kv_blocks * self.config.block_size,  # type: ignore[operator]
+                              device=self.device)
+        graphs.capture()
+        return graphs
 
     def _attention_backend(self) -> AttentionBackend:
         name = self.config.attention_backend
@@ -77,14 +90,18 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         mc = self.model_config
-        shape = (self.config.num_kv_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
+        # NOTE: one block more than the block manager hands out: its slots are scratch for padded
+        # CUDA-graph rows, so no request's K/V is ever overwritten.
+        shape = (self.config.num_kv_blocks + 1, self.config.block_size, mc.num_kv_heads, mc.head_dim)  # type: ignore[operator]
         dtype, device = self.config.torch_dtype, self.device
         return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                 for _ in range(mc.num_layers)]
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        """Bytes of the KV pool the block manager hands out (the scratch block excluded)."""
+        per_block = self.kv_caches[0][0][0].numel() * self.kv_caches[0][0].element_size()
+        return 2 * len(self.kv_caches) * per_block * self.config.num_kv_blocks  # type: ignore[operator]
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
         block_size = self.config.block_size
@@ -124,7 +141,11 @@ class ModelRunner:
         t0 = time.perf_counter()
         inputs = self.prepare_inputs(out)
         t1 = time.perf_counter()
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.decode_graphs is not None and not inputs.meta.prefill_ids \
+                and self.decode_graphs.can_run(inputs.meta.num_seqs):
+            hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
         # NOTE: .cpu() waits for the device, so forward_s covers the kernels, not just their launch.
         t2 = time.perf_counter()
