@@ -82,6 +82,8 @@ class BlockManager:
         self._block_hashes: dict[RequestId, list[BlockHash]] = {}
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
+        # NOTE: kept equal to the number of free blocks holding a hash, so stats stay O(1).
+        self._num_cached_free = 0
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -95,7 +97,7 @@ class BlockManager:
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a reusable prefix."""
-        return sum(1 for b in self.free_queue if b.block_hash is not None)
+        return self._num_cached_free
 
     @property
     def usage(self) -> float:
@@ -143,6 +145,7 @@ class BlockManager:
         for block in cached_prefix:
             if block.ref_count == 0:
                 self.free_queue.remove(block)
+                self._num_cached_free -= 1
             block.ref_count += 1
             request.block_ids.append(block.block_id)
         for _ in range(max(num_new_blocks, 0)):
@@ -178,6 +181,7 @@ class BlockManager:
             assert block.ref_count >= 0, f"block {block_id} freed more often than allocated"
             if block.ref_count == 0:
                 self.free_queue.append(block)
+                self._num_cached_free += block.block_hash is not None
         request.block_ids = []
         self._block_hashes.pop(request.request_id, None)
 
@@ -186,10 +190,13 @@ class BlockManager:
             block.block_hash = None
             block.token_ids = None
         self.cached_blocks.clear()
+        self._num_cached_free = 0
 
     # -- helpers -----------------------------------------------------------------------------
     def _evict(self, block: Block) -> None:
+        """Drop the prefix a block popped from the free queue still held."""
         if block.block_hash is not None:
+            self._num_cached_free -= 1
             if self.cached_blocks.get(block.block_hash) is block:
                 del self.cached_blocks[block.block_hash]
             block.block_hash = None

@@ -84,6 +84,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         if sched.is_empty:
             return []
+        self._emit_schedule_events(sched, time.time())
         overhead_s = burn_host_overhead(self.config.host_overhead_ms)
         result = self.runner.execute(sched)
         t2 = time.perf_counter()
@@ -111,13 +112,16 @@ class LLMEngine:
         )
 
     # -- helpers ------------------------------------------------------------------------------
-    def _process(self, sched: SchedulerOutput, updates: list[TokenUpdate]) -> list[RequestOutput]:
-        now = time.time()
+    def _emit_schedule_events(self, sched: SchedulerOutput, now: float) -> None:
+        """Preemptions and admissions, stamped when the scheduler decided them (before the forward)."""
         for rid, kind in [(r, RequestEventKind.PREEMPTED) for r in sched.preempted_ids] + \
                          [(r, RequestEventKind.SCHEDULED) for r in sched.newly_scheduled_ids]:
             request = self.scheduler.requests.get(rid)
             if request is not None:
                 self.outputs.emit(request, kind, now)
+
+    def _process(self, sched: SchedulerOutput, updates: list[TokenUpdate]) -> list[RequestOutput]:
+        now = time.time()
         outputs: list[RequestOutput] = []
         for update in updates:
             request = update.request

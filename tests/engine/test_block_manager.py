@@ -117,3 +117,26 @@ def test_double_free_is_caught() -> None:
 def test_invalid_sizes_raise() -> None:
     with pytest.raises(ValueError, match="positive"):
         BlockManager(num_blocks=0, block_size=16, enable_prefix_caching=True)
+
+
+def test_cached_free_count_tracks_the_free_queue() -> None:
+    bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
+
+    def counted() -> int:
+        return sum(1 for b in bm.free_queue if b.block_hash is not None)
+
+    first = make_request("a", [1, 2, 3, 4, 5])
+    compute(bm, first, 5)
+    assert bm.num_cached_free_blocks == counted() == 0
+    bm.free(first)
+    assert bm.num_cached_free_blocks == counted() == 2
+    again = make_request("b", [1, 2, 3, 4, 9])
+    assert bm.allocate_slots(again, 1, bm.find_cached_prefix(again))  # revives both cached blocks
+    assert bm.num_cached_free_blocks == counted() == 0
+    bm.free(again)
+    filler = make_request("c", list(range(100, 116)))
+    assert bm.allocate_slots(filler, 16)  # takes every block, evicting the cached ones
+    assert bm.num_cached_free_blocks == counted() == 0
+    bm.free(filler)
+    bm.reset_prefix_cache()
+    assert bm.num_cached_free_blocks == counted() == 0

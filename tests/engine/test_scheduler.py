@@ -191,6 +191,7 @@ def test_random_add_step_abort_keeps_invariants(ops: list[tuple[str, int, int]],
             assert block.ref_count == owned.count(block.block_id)
         for r in s.running:
             assert len(r.block_ids) * bm.block_size >= r.num_computed_tokens
+        assert bm.num_cached_free_blocks == sum(1 for b in bm.free_queue if b.block_hash is not None)
     drain(s)
     assert_pool_idle(s)
     finished = [r for r in live if r.status != RequestStatus.FINISHED_ABORTED]

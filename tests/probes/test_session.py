@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pynvml
 import pytest
 
+from engine import LLMEngine, SamplingParams
 from probes.base import ProbeState
+from probes.loader import load_run
 from probes.manifest import RunStatus
+from probes.session import ProbeSession
 from probes.steps import StepProbe
 from tests.probes.conftest import CompleteRun
 
@@ -105,7 +109,20 @@ def test_the_trace_loads_as_json_with_the_expected_events(complete_run: Complete
 
 
 def test_a_session_refuses_a_directory_that_already_holds_a_run(complete_run: CompleteRun) -> None:
-    from probes.session import ProbeSession
-
     with pytest.raises(FileExistsError, match="already holds a run"):
         ProbeSession.for_engine(complete_run.engine, complete_run.path)
+
+
+def test_a_session_used_as_a_context_records_the_exception_that_ended_it(engine: LLMEngine, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="load generator died"), \
+            ProbeSession.for_engine(engine, tmp_path / "run") as session:
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        raise RuntimeError("load generator died")
+    run = load_run(tmp_path / "run")
+    assert run.manifest.status is RunStatus.FAILED
+    assert run.manifest.error == "RuntimeError: load generator died"
+    assert len(run.frame("requests")) == 1 and (tmp_path / "run" / "trace.json").is_file()
+    with pytest.raises(RuntimeError, match="already stopped"):
+        session.stop()
