@@ -181,3 +181,16 @@ def test_unknown_model_name_is_rejected() -> None:
 def test_invalid_sampling_params(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_stop_string_on_the_last_allowed_token_reports_stop(llm: LLM) -> None:
+    free = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    ends = [llm.tokenizer.decode(free.token_ids[:n]) for n in range(1, 13)]
+    n = next((n for n in range(3, 13) if ends[n - 1] and ends[n - 1][-1].isprintable()
+              and ends[n - 1][-1] not in ends[n - 1][:-1] and ends[n - 1] != ends[n - 2]), None)
+    if n is None:
+        pytest.skip("no printable, unique final character to use as a stop string")
+    stop = ends[n - 1][-1]
+    out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=n, ignore_eos=True, stop=[stop]))[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == ends[n - 1][:-1]
