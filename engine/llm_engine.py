@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 
 from engine.config import EngineConfig
+from engine.engine_base import EngineBase, resolve_model
 from engine.model_runner import ModelRunner
-from engine.observer import EngineObserver, RequestEventKind, StepStats
-from engine.output_processor import OutputProcessor
+from engine.observer import RequestEventKind, StepStats
 from engine.outputs import EngineStats, RequestOutput
-from engine.request import RequestId, RequestStatus
-from engine.sampling_params import SamplingParams
+from engine.request import Request, RequestId, RequestStatus
 from engine.scheduler import Scheduler, SchedulerOutput, TokenUpdate
-from engine.weights import LoadedModel, load_model
+from engine.weights import LoadedModel
 
 
 def burn_host_overhead(milliseconds: float) -> float:
@@ -27,41 +26,17 @@ def burn_host_overhead(milliseconds: float) -> float:
     return time.perf_counter() - start
 
 
-class LLMEngine:
+class LLMEngine(EngineBase):
     """A continuous-batching engine over a paged KV cache. Not thread-safe: one thread drives it."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        if loaded is None:
-            loaded = load_model(config.model, config.torch_dtype, config.seed)
-        self.config = config.finalize(loaded.config)
-        self.model_config = loaded.config
-        self.model_name = loaded.name
-        self.tokenizer = loaded.tokenizer
-        eos_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
-        self.scheduler = Scheduler(self.config, eos_ids)
+        loaded = resolve_model(config, loaded)
+        super().__init__(config, loaded)
+        self.scheduler = Scheduler(self.config, self.eos_token_ids)
         self.runner = ModelRunner(self.config, loaded)
-        self.outputs = OutputProcessor(self.tokenizer, loaded.config.vocab_size,
-                                       self.config.max_model_len)  # type: ignore[arg-type]
-        self.num_steps = 0
 
-    # -- requests -----------------------------------------------------------------------------
-    @property
-    def observers(self) -> list[EngineObserver]:
-        return self.outputs.observers
-
-    def add_observer(self, observer: EngineObserver) -> None:
-        self.outputs.observers.append(observer)
-
-    def remove_observer(self, observer: EngineObserver) -> None:
-        self.outputs.observers.remove(observer)
-
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> RequestId:
-        """Queue a request; raises ValueError for an empty or over-long prompt or a reused id."""
-        request = self.outputs.new_request(prompt, params, request_id,
-                                           arrival_time if arrival_time is not None else time.time())
+    def _enqueue(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        return request.request_id
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is unknown or already done."""

@@ -10,17 +10,17 @@ import transformers
 
 from engine.baselines.hf_model import cache_kwarg, hf_model_from, returned_cache
 from engine.config import EngineConfig
+from engine.engine_base import EngineBase, resolve_model
 from engine.llm_engine import burn_host_overhead
-from engine.observer import EngineObserver, RequestEventKind, StepStats
-from engine.output_processor import OutputProcessor, stop_status
+from engine.observer import RequestEventKind, StepStats
+from engine.output_processor import stop_status
 from engine.outputs import EngineStats, RequestOutput
-from engine.request import Request, RequestId, RequestStatus
+from engine.request import Request, RequestStatus
 from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.weights import LoadedModel, load_model
+from engine.weights import LoadedModel
 
 
-class StaticBatchEngine:
+class StaticBatchEngine(EngineBase):
     """Padded static batching through HF's ``LlamaForCausalLM`` and its contiguous KV cache.
 
     Up to ``max_num_seqs`` waiting requests are left-padded into one batch that runs until its
@@ -34,45 +34,22 @@ class StaticBatchEngine:
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
                  max_batch_size: int | None = None) -> None:
-        if loaded is None:
-            loaded = load_model(config.model, config.torch_dtype, config.seed)
-        self.config = config.finalize(loaded.config)
+        loaded = resolve_model(config, loaded)
+        super().__init__(config, loaded)
         self.max_batch_size = max_batch_size or self.config.max_num_seqs
-        self.model_config = loaded.config
-        self.model_name = loaded.name
-        self.tokenizer = loaded.tokenizer
-        self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
-        self.model: transformers.LlamaForCausalLM = hf_model_from(loaded.config, loaded.state_dict,
+        self.model: transformers.LlamaForCausalLM = hf_model_from(self.model_config, loaded.state_dict,
                                                                   self.config.torch_dtype)
         self._cache_arg = cache_kwarg(self.model)
-        self.outputs = OutputProcessor(self.tokenizer, loaded.config.vocab_size,
-                                       self.config.max_model_len)  # type: ignore[arg-type]
         self.sampler = Sampler(self.config.seed)
         self.waiting: deque[Request] = deque()
         self.batch: list[Request] = []
         self._cache: object | None = None
         self._attention_mask: torch.Tensor | None = None  # [B, L]
         self._positions: torch.Tensor | None = None  # [B] position of each row's last token
-        self.num_steps = 0
-        self.num_preemptions_total = 0
 
     # -- the serving interface ------------------------------------------------------------------
-    @property
-    def observers(self) -> list[EngineObserver]:
-        return self.outputs.observers
-
-    def add_observer(self, observer: EngineObserver) -> None:
-        self.outputs.observers.append(observer)
-
-    def remove_observer(self, observer: EngineObserver) -> None:
-        self.outputs.observers.remove(observer)
-
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> RequestId:
-        request = self.outputs.new_request(prompt, params, request_id,
-                                           arrival_time if arrival_time is not None else time.time())
+    def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)
-        return request.request_id
 
     def abort(self, request_id: str) -> bool:
         for request in [*self.waiting, *self.batch]:
