@@ -23,7 +23,8 @@ from engine.weights import LoadedModel
 class StaticBatchEngine(EngineBase):
     """Padded static batching through HF's ``LlamaForCausalLM`` and its contiguous KV cache.
 
-    Up to ``max_num_seqs`` waiting requests are left-padded into one batch that runs until its
+    Up to ``max_num_seqs`` waiting requests (fewer when the KV budget cannot reserve
+    ``max_model_len`` for each) are left-padded into one batch that runs until its
     longest member finishes; finished rows keep occupying the batch (their compute and cache
     are wasted) and nobody joins until the batch is done. This is the decode loop of HF
     ``generate`` unrolled one token per step, so a server can stream it; sampling and stop rules
@@ -36,7 +37,11 @@ class StaticBatchEngine(EngineBase):
                  max_batch_size: int | None = None) -> None:
         loaded = resolve_model(config, loaded)
         super().__init__(config, loaded)
-        self.max_batch_size = max_batch_size or self.config.max_num_seqs
+        # NOTE: a static server reserves max_model_len of KV per row, so the same KV budget as the
+        # paged engine (num_kv_blocks * block_size token slots) caps its batch.
+        slots = self.config.num_kv_blocks * self.config.block_size  # type: ignore[operator]
+        self.max_batch_size = min(max_batch_size or self.config.max_num_seqs,
+                                  max(1, slots // self.config.max_model_len))  # type: ignore[operator]
         self.model: transformers.LlamaForCausalLM = hf_model_from(self.model_config, loaded.state_dict,
                                                                   self.config.torch_dtype)
         self._cache_arg = cache_kwarg(self.model)

@@ -88,3 +88,10 @@ def test_seeded_sampling_matches_the_engine(tiny) -> None:
     params = [SamplingParams(max_tokens=6, temperature=0.9, seed=11 + i, ignore_eos=True) for i in range(5)]
     expected = run_all(LLMEngine(EngineConfig(model="dummy:tiny"), tiny), params)
     assert run_all(StaticBatchEngine(EngineConfig(model="dummy:tiny"), tiny), params) == expected
+
+
+def test_static_batch_is_capped_by_max_length_reservations_in_the_kv_budget(tiny) -> None:
+    # 64 blocks of 16 slots = 1024 slots; reserving max_model_len=256 per row leaves room for 4.
+    engine = StaticBatchEngine(EngineConfig(model="dummy:tiny", num_kv_blocks=64, max_model_len=256,
+                                            max_num_seqs=16), tiny)
+    assert engine.max_batch_size == 4
