@@ -1,0 +1,194 @@
+"""``servescope load`` (any OpenAI-compatible server) and ``servescope diagnose`` (ours, probed).
+
+Both take the same load flags; ``diagnose`` also takes the engine flags of ``serve``. Registered
+through the ``servescope.commands`` entry-point group (:func:`register_load`, :func:`register_diagnose`);
+``python -m loadtests.cli`` runs them without an install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loadtests.config import APIS, LoadConfig, parse_slo, parse_sweep
+from loadtests.errors import RunFailedError
+from loadtests.load_context import API_KEY_ENV
+from loadtests.workloads import WORKLOADS
+
+# `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers,
+# and enough users to batch, sized to finish in about 3 minutes on 2 CPU cores.
+DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64}
+LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None}
+# Flags of `serve` that `diagnose` takes and hands to its server process, besides the engine flags.
+SERVE_FLAGS = ("engine", "max_waiting")
+
+
+def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], with_seed: bool = True) -> None:
+    """The load flags, the same on ``load`` and ``diagnose``."""
+    g = parser.add_argument_group("load")
+    arrival = g.add_mutually_exclusive_group()
+    arrival.add_argument("--users", type=int, default=None,
+                         help=f"closed loop: N users, each sends when its last request ends (default {defaults['users']})")
+    arrival.add_argument("--rate", type=float, default=None,
+                         help="open loop: Poisson arrivals at R requests/s, whatever the server does")
+    g.add_argument("--duration", type=float, default=defaults["duration"],
+                   help="seconds of measured load after the warm-up (default %(default)s)")
+    g.add_argument("--warmup", type=float, default=defaults["warmup"],
+                   help="seconds of load first whose requests are recorded but left out of the statistics "
+                        "(default %(default)s)")
+    g.add_argument("--workload", choices=sorted(WORKLOADS), default=defaults["workload"])
+    g.add_argument("--max-tokens", type=int, default=defaults["max_tokens"],
+                   help="cap on output tokens per request (default: the workload's own)")
+    g.add_argument("--processes", type=int, default=1,
+                   help="Locust worker processes (more than 1: Locust's master/worker mode, stats merged)")
+    if with_seed:
+        g.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
+    g.add_argument("--sweep", default=None, help="several points into one directory: users=1,4,16 or rate=0.5,1,2")
+    g.add_argument("--slo", default=None, help="goodput: the share of requests within ttft=S,tpot=S,e2e=S seconds")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="open loop: gamma shape of the gaps (1 is Poisson; below 1 burstier)")
+    g.add_argument("--burst-size", type=int, default=None,
+                   help="open loop: requests per arrival (default 8 for the burst workload, else 1)")
+    g.add_argument("--api", choices=APIS, default="completions", help="endpoint to load (default %(default)s)")
+    g.add_argument("--no-ignore-eos", action="store_true",
+                   help="let the model stop early (by default each request asks for exactly its max_tokens)")
+    g.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds in-flight requests get to finish after the duration (default %(default)s)")
+    g.add_argument("--out", type=Path, default=None, help="run directory to write (must be new or empty)")
+
+
+def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tuple[list[LoadConfig], Any]:
+    """The load config of every point, and the sweep (``None`` for a single point)."""
+    users, rate = args.users, args.rate
+    sweep = parse_sweep(args.sweep) if args.sweep else None
+    if users is None and rate is None:
+        if sweep is not None and sweep[0] == "rate":
+            rate = sweep[1][0]
+        else:
+            users = defaults["users"]
+    base = LoadConfig(
+        users=users, rate=rate, duration_s=args.duration, warmup_s=args.warmup, workload=args.workload,
+        seed=args.seed, processes=args.processes, max_tokens=args.max_tokens, burstiness=args.burstiness,
+        burst_size=args.burst_size, api=args.api, ignore_eos=not args.no_ignore_eos,
+        slo=parse_slo(args.slo) if args.slo else {}, stop_timeout_s=args.stop_timeout,
+    )
+    if sweep is None:
+        return [base], None
+    return [base.at_point(sweep[0], value) for value in sweep[1]], sweep
+
+
+def _out_dir(args: argparse.Namespace, command: str) -> Path:
+    return args.out if args.out is not None else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _cmd_load(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from loadtests.orchestrator import run_load
+
+    configs, sweep = configs_from_args(args, LOAD_DEFAULTS)
+    out = _out_dir(args, "load")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    console = Console(stderr=True)
+    try:
+        run_load(configs, out, args.target, console, sweep, args.tokenizer, args.served_model, api_key)
+    except RunFailedError as exc:
+        console.print(f"servescope: error: {exc}")
+        return 1
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from loadtests.orchestrator import run_diagnose
+
+    configs, sweep = configs_from_args(args, DIAGNOSE_DEFAULTS)
+    out = _out_dir(args, "diagnose")
+    console = Console(stderr=True)
+    console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, "
+                  f"{', '.join(c.point_name for c in configs)}, {configs[0].warmup_s:g} s warm-up + "
+                  f"{configs[0].duration_s:g} s per point -> {out}")
+    try:
+        run_diagnose(configs, out, serve_argv(args), args.model, console, sweep)
+    except RunFailedError as exc:
+        console.print(f"servescope: error: {exc}")
+        return 1
+    return 0
+
+
+def serve_argv(args: argparse.Namespace) -> list[str]:
+    """The engine and serve flags of ``args`` as a command line for the server process."""
+    from engine.cli import add_engine_args
+
+    engine_parser = argparse.ArgumentParser(add_help=False)
+    add_engine_args(engine_parser)
+    dests = [*vars(engine_parser.parse_args([])), *SERVE_FLAGS]
+    argv: list[str] = []
+    for dest in dests:
+        value = getattr(args, dest)
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def register_load(subparsers: Any) -> None:
+    """Add ``servescope load`` (entry point of the ``servescope.commands`` group)."""
+    p = subparsers.add_parser(
+        "load", help="load any OpenAI-compatible server with Locust and measure it (TTFT, TPOT, goodput...)",
+        description="Drive an OpenAI-compatible server (servescope, vLLM, SGLang, TGI, llama.cpp) with Locust, "
+                    "headless; scrape its /metrics when it has one; write a run directory and its summary.")
+    p.add_argument("--target", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--served-model", default=None, help="model name to request (default: the first /v1/models lists)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer to cut prompts with: a --model name (default: the served model's when it is one, "
+                        "else smollm2-135m)")
+    p.add_argument("--api-key", default=None, help="bearer token for the target (or set $SERVESCOPE_API_KEY)")
+    add_load_args(p, LOAD_DEFAULTS)
+    p.set_defaults(func=_cmd_load)
+
+
+def register_diagnose(subparsers: Any) -> None:
+    """Add ``servescope diagnose`` (entry point of the ``servescope.commands`` group)."""
+    from engine.cli import add_engine_args
+    from engine.server.async_engine import DEFAULT_MAX_WAITING
+    from engine.server.cli import ENGINE_KINDS
+
+    p = subparsers.add_parser(
+        "diagnose", help="start our server with probes, load it, and say what holds it back",
+        description="Start `servescope serve` (probed) on a free loopback port, load it with Locust headless, "
+                    "stop it, and write the run directory, DIR/diagnosis.json and DIR/report.html.")
+    p.add_argument("--engine", choices=ENGINE_KINDS, default="continuous", help="as on `serve`")
+    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING, help="as on `serve`")
+    add_engine_args(p)  # NOTE: its --seed seeds the engine and the workload alike
+    add_load_args(p, DIAGNOSE_DEFAULTS, with_seed=False)
+    p.set_defaults(func=_cmd_diagnose)
+
+
+def register(subparsers: Any) -> None:
+    """Both commands."""
+    register_load(subparsers)
+    register_diagnose(subparsers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loadtests.cli {load,diagnose} ...``: the same commands without the entry points."""
+    parser = argparse.ArgumentParser(prog="servescope")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        print(f"servescope: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

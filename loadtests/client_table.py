@@ -1,0 +1,82 @@
+"""``client_requests.parquet``: every worker's client rows merged, with the latencies derived once, here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loadtests.records import ClientRecord, journal_paths, read_journal
+from probes.run_dir import RunDirectory
+
+CLIENT_TABLE = "client_requests"
+
+_F64 = pa.float64()
+_I64 = pa.int64()
+_STR = pa.string()
+
+# NOTE: times are epoch seconds (loadtests.records.Clock); derived columns are null when their
+# inputs are (a failed request has no ttft_s).
+CLIENT_REQUESTS = pa.schema([
+    ("worker", _STR),
+    ("seq", _I64),
+    ("plan_index", _I64),
+    ("group", _STR),
+    ("is_warmup", pa.bool_()),
+    ("scheduled_time", _F64),
+    ("send_time", _F64),
+    ("first_byte_time", _F64),
+    ("first_token_time", _F64),
+    ("end_time", _F64),
+    ("token_times", pa.list_(_F64)),
+    ("status_code", _I64),
+    ("error", _STR),
+    ("finish_reason", _STR),
+    ("request_id", _STR),
+    ("num_prompt_tokens", _I64),
+    ("num_output_tokens", _I64),
+    ("num_cached_tokens", _I64),
+    ("has_usage", pa.bool_()),
+    ("planned_prompt_tokens", _I64),
+    ("max_tokens", _I64),
+    ("is_ok", pa.bool_()),
+    ("ttft_s", _F64),  # send -> first content token
+    ("tpot_s", _F64),  # (finish - first token) / (output tokens - 1)
+    ("e2e_s", _F64),  # send -> finish chunk
+    ("itl_s", pa.list_(_F64)),  # gaps between content chunks
+])
+
+
+def records_table(records: list[ClientRecord]) -> pa.Table:
+    columns: dict[str, list[object]] = {name: [] for name in CLIENT_REQUESTS.names}
+    for record in records:
+        for name in CLIENT_REQUESTS.names:
+            columns[name].append(getattr(record, name))
+    return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in CLIENT_REQUESTS},
+                    schema=CLIENT_REQUESTS)
+
+
+def merge_journals(run_dir: str | os.PathLike[str], remove: bool = True) -> Path:
+    """Merge every worker's journal into ``client_requests.parquet``, sorted by send time.
+
+    NOTE: the merged file lands (atomically) before any journal is removed.
+    """
+    paths = journal_paths(run_dir)
+    records = [record for path in paths for record in read_journal(path)]
+    records.sort(key=lambda r: (r.send_time, r.worker, r.seq))
+    out = RunDirectory(run_dir).write_table(CLIENT_TABLE, records_table(records))
+    if remove:
+        for path in paths:
+            path.unlink()
+    return out
+
+
+def load_client_requests(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """The merged client rows of a run directory."""
+    path = RunDirectory(run_dir).table_path(CLIENT_TABLE)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: no load was run into {run_dir}, or it was not merged")
+    return pq.read_table(path, schema=CLIENT_REQUESTS).to_pandas()

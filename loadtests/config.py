@@ -1,0 +1,163 @@
+"""One load run's settings (``LoadConfig``), the sweep and SLO flag syntax, and their validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadtests.workloads import WORKLOADS
+
+APIS = ("completions", "chat")
+# Per-request latencies an SLO can bound, in seconds (see loadtests.summary.goodput).
+SLO_METRICS = ("ttft", "tpot", "e2e")
+SWEEP_PARAMETERS = ("users", "rate")
+# Requests per arrival when the ``burst`` workload runs open loop and no --burst-size is given.
+DEFAULT_BURST_SIZE = 8
+
+
+@dataclass(slots=True)
+class LoadConfig:
+    """What load to offer: the arrival process, the workload, how long, and what counts as good.
+
+    Exactly one of ``users`` (closed loop: N users, each sends its next request when the last one
+    ends) or ``rate`` (open loop: arrivals at ``rate`` requests/s whatever the server does).
+    Requests sent in the first ``warmup_s`` seconds are recorded but flagged and left out of
+    every statistic. ``burstiness`` is the gamma shape of the open loop's gaps (1: Poisson, < 1:
+    burstier); ``burst_size`` requests arrive together at each arrival.
+    """
+
+    users: int | None = None
+    rate: float | None = None
+    duration_s: float = 60.0
+    warmup_s: float = 10.0
+    workload: str = "sharegpt-synth"
+    seed: int = 0
+    processes: int = 1
+    max_tokens: int | None = None
+    burstiness: float = 1.0
+    burst_size: int | None = None  # None: DEFAULT_BURST_SIZE for the burst workload, else 1
+    api: str = "completions"
+    ignore_eos: bool = True
+    slo: dict[str, float] = field(default_factory=dict)
+    stop_timeout_s: float = 120.0  # how long in-flight requests get to finish after the duration
+    num_plan_items: int | None = None  # None: sized from the load (see plan_size)
+
+    def __post_init__(self) -> None:
+        if (self.users is None) == (self.rate is None):
+            raise ValueError("give exactly one of users (closed loop) or rate (open loop)")
+        if self.users is not None and self.users < 1:
+            raise ValueError(f"users must be >= 1, got {self.users}")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"rate must be a positive number of requests/s, got {self.rate}")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
+        if not self.warmup_s >= 0:
+            raise ValueError(f"warmup must be >= 0 seconds, got {self.warmup_s}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(sorted(WORKLOADS))}")
+        if self.processes < 1:
+            raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.users is not None and self.users < self.processes:
+            raise ValueError(f"{self.users} users cannot keep {self.processes} worker processes busy; "
+                             f"use at least as many users as processes")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0 (1 is Poisson), got {self.burstiness}")
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, got {self.api!r}")
+        unknown = sorted(set(self.slo) - set(SLO_METRICS))
+        if unknown:
+            raise ValueError(f"unknown SLO metrics {unknown}; known: {', '.join(SLO_METRICS)}")
+        if any(not value > 0 for value in self.slo.values()):
+            raise ValueError(f"SLO bounds must be > 0 seconds, got {self.slo}")
+        if not self.stop_timeout_s > 0:
+            raise ValueError(f"stop_timeout must be > 0 seconds, got {self.stop_timeout_s}")
+        if self.num_plan_items is not None and self.num_plan_items < 1:
+            raise ValueError(f"num_plan_items must be >= 1, got {self.num_plan_items}")
+        if self.users is not None:
+            if self.workload == "burst":
+                raise ValueError("the burst workload sends groups of requests at once: give --rate, not --users")
+            if self.burst_size not in (None, 1):
+                raise ValueError("--burst-size needs an open loop (--rate); closed-loop users send one at a time")
+            if self.burstiness != 1.0:
+                raise ValueError("--burstiness shapes open-loop gaps (--rate); closed-loop users have none")
+        if self.burst_size is None:
+            self.burst_size = DEFAULT_BURST_SIZE if self.workload == "burst" and self.rate is not None else 1
+        if self.burst_size < 1:
+            raise ValueError(f"burst_size must be >= 1, got {self.burst_size}")
+
+    @property
+    def is_open_loop(self) -> bool:
+        return self.rate is not None
+
+    @property
+    def point_name(self) -> str:
+        """``users-8`` or ``rate-2.5``: the name of this load point (a sweep's subdirectory)."""
+        return f"users-{self.users}" if self.users is not None else f"rate-{self.rate:g}"
+
+    @property
+    def run_time_s(self) -> float:
+        return self.warmup_s + self.duration_s
+
+    def plan_size(self) -> int:
+        """How many distinct requests to prepare; workers cycle through them if they send more.
+
+        NOTE: only a bound on memory and file size; it never limits how many requests go out.
+        """
+        if self.num_plan_items is not None:
+            return self.num_plan_items
+        if self.rate is not None:
+            expected = self.rate * self.run_time_s * 1.5 + 16
+        else:
+            expected = (self.users or 1) * self.run_time_s * 4
+        return int(min(max(expected, 256), 4096))
+
+    def at_point(self, parameter: str, value: float) -> LoadConfig:
+        """This config at one sweep point: ``users`` or ``rate`` set to ``value``, the other cleared."""
+        if parameter == "users":
+            if value != int(value):
+                raise ValueError(f"users must be whole numbers, got {value}")
+            return dataclasses.replace(self, users=int(value), rate=None)
+        if parameter == "rate":
+            return dataclasses.replace(self, rate=float(value), users=None)
+        raise ValueError(f"cannot sweep {parameter!r}; sweepable: {', '.join(SWEEP_PARAMETERS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mode": "open" if self.is_open_loop else "closed",
+                "point": self.point_name}
+
+
+def parse_sweep(text: str) -> tuple[str, list[float]]:
+    """``"users=1,4,16"`` -> ``("users", [1.0, 4.0, 16.0])``."""
+    parameter, sep, values_text = text.partition("=")
+    parameter = parameter.strip()
+    if not sep or parameter not in SWEEP_PARAMETERS:
+        raise ValueError(f"--sweep must look like users=1,4,16 or rate=0.5,1,2; got {text!r}")
+    try:
+        values = [float(v) for v in values_text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep {text!r}: the values must be numbers") from None
+    if not values:
+        raise ValueError(f"--sweep {text!r} lists no values")
+    if len(set(values)) != len(values):
+        raise ValueError(f"--sweep {text!r} repeats a value")
+    return parameter, values
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``"ttft=0.5,tpot=0.05"`` -> ``{"ttft": 0.5, "tpot": 0.05}`` (seconds)."""
+    slo: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"--slo must look like ttft=0.5,tpot=0.05 (seconds); got {text!r}")
+        try:
+            slo[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--slo {part!r}: {value!r} is not a number of seconds") from None
+    return slo

@@ -1,0 +1,201 @@
+"""What a Locust worker process knows about its run, and how it sends, times and reports one request.
+
+Built at ``test_start`` from the ``--ss-*`` options (see :mod:`loadtests.locustfile`); holds the
+plan, this worker's share of it, the journal and the clock. Stdlib and Locust only: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtests.arrival import OpenLoopArrivals
+from loadtests.plan import PLAN_NAME, PlannedRequest, read_plan
+from loadtests.records import ClientRecord, Clock, Journal
+from loadtests.sse import StreamTimer
+
+API_KEY_ENV = "SERVESCOPE_API_KEY"
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Locust row names: the HTTP row is the endpoint path; these are the per-token rows beside it.
+LLM_REQUEST_TYPE = "LLM"
+TTFT_ROW, ITL_ROW, TPOT_ROW = "TTFT", "ITL", "TPOT"
+# Requests sent during the warm-up are reported under their own names, so Locust's rows for the
+# endpoint and for TTFT/ITL/TPOT hold measured requests only.
+WARMUP_SUFFIX = " [warm-up]"
+
+RequestEvent = Callable[..., Any]  # Locust's events.request.fire
+
+
+@dataclass(slots=True)
+class LoadContext:
+    """One worker's view of the run; ``start_time`` is when its test started (its clock)."""
+
+    run_dir: Path
+    plan: list[PlannedRequest]
+    model: str
+    api: str
+    worker_index: int
+    num_workers: int
+    warmup_s: float
+    duration_s: float
+    ignore_eos: bool
+    arrivals: OpenLoopArrivals | None  # None: closed loop
+    seed: int
+    read_timeout_s: float
+    stop_timeout_s: float
+    clock: Clock = field(default_factory=Clock)
+    start_time: float = 0.0
+    journal: Journal | None = None
+    num_sent: int = 0
+    num_active_users: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker_index < self.num_workers:
+            raise ValueError(f"worker index {self.worker_index} is not below the number of workers "
+                             f"{self.num_workers}; pass --ss-num-workers")
+        self.start_time = self.clock.now()
+        self.journal = Journal(self.run_dir, self.worker)
+
+    @classmethod
+    def from_options(cls, options: Any, worker_index: int) -> LoadContext:
+        run_dir = Path(options.ss_run_dir)
+        arrivals = (OpenLoopArrivals(options.ss_rate, options.ss_burstiness, options.ss_burst_size)
+                    .for_worker(options.ss_num_workers) if options.ss_rate > 0 else None)
+        return cls(run_dir=run_dir, plan=read_plan(options.ss_plan or run_dir / PLAN_NAME), model=options.ss_model,
+                   api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
+                   warmup_s=options.ss_warmup, duration_s=options.ss_duration, ignore_eos=bool(options.ss_ignore_eos),
+                   arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
+                   stop_timeout_s=options.stop_timeout or 0.0)
+
+    @property
+    def worker(self) -> str:
+        return f"w{self.worker_index}"
+
+    @property
+    def path(self) -> str:
+        return API_PATHS[self.api]
+
+    @property
+    def deadline(self) -> float:
+        return self.start_time + self.warmup_s + self.duration_s
+
+    def is_warmup(self, t: float) -> bool:
+        return t < self.start_time + self.warmup_s
+
+    def next_item(self) -> tuple[int, PlannedRequest]:
+        """This worker's next request: ``(seq, planned request)``.
+
+        NOTE: worker i of W takes plan items i, i + W, i + 2W, ... (cycling), so workers never send
+        the same item until the plan wraps. Greenlets never interleave inside this method.
+        """
+        seq = self.num_sent
+        self.num_sent += 1
+        return seq, self.plan[(self.worker_index + seq * self.num_workers) % len(self.plan)]
+
+    def body(self, item: PlannedRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": item.max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if self.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extension, also served by ours, SGLang and llama.cpp's
+        if self.api == "chat":
+            body["messages"] = [{"role": "user", "content": item.prompt}]
+        else:
+            body["prompt"] = item.prompt
+        return body
+
+    def headers(self) -> dict[str, str]:
+        api_key = os.environ.get(API_KEY_ENV)
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def user_started(self) -> None:
+        self.num_active_users += 1
+
+    def user_finished(self) -> bool:
+        """Count a user out; True when it was the last one (users stop at the deadline, or misused)."""
+        self.num_active_users -= 1
+        return self.num_active_users == 0
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+
+def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None) -> None:
+    """Send the next planned request, stream it, journal its row, and report it to Locust.
+
+    ``client`` is the user's ``HttpSession``. The HTTP row's time is the whole exchange (send to
+    finish chunk), not Locust's default of send to headers.
+    """
+    seq, item = ctx.next_item()
+    send = ctx.clock.now()
+    record = ClientRecord(worker=ctx.worker, seq=seq, plan_index=item.index, group=item.group,
+                          is_warmup=ctx.is_warmup(send), send_time=send, scheduled_time=scheduled_time,
+                          planned_prompt_tokens=item.num_prompt_tokens, max_tokens=item.max_tokens)
+    suffix = WARMUP_SUFFIX if record.is_warmup else ""
+    try:
+        with client.post(ctx.path, json=ctx.body(item), headers=ctx.headers(), stream=True, catch_response=True,
+                         name=ctx.path + suffix, timeout=(10.0, ctx.read_timeout_s)) as response:
+            record.first_byte_time = ctx.clock.now()
+            try:
+                _read_response(response, ctx, record)
+            except Exception as exc:  # noqa: BLE001 - a broken stream is this request's failure, not the user's
+                record.error = f"{type(exc).__name__}: {exc}"
+            response.request_meta["response_time"] = ((record.end_time or ctx.clock.now()) - send) * 1000
+            response.request_meta["response_length"] = record.num_output_tokens or 0
+            if record.is_ok:
+                response.success()
+            else:
+                response.failure(record.error or f"HTTP {record.status_code}")
+    except BaseException as exc:
+        # NOTE: GreenletExit when the run's stop timeout kills the user mid-request: still journaled.
+        if record.error is None:
+            record.error = f"cancelled: {type(exc).__name__}" if not isinstance(exc, Exception) else str(exc)
+        raise
+    finally:
+        assert ctx.journal is not None
+        ctx.journal.write(record)
+    if record.is_ok:
+        report_token_rows(fire, record, suffix)
+
+
+def _read_response(response: Any, ctx: LoadContext, record: ClientRecord) -> None:
+    record.status_code = int(response.status_code or 0)
+    if record.status_code != 200:
+        error = getattr(response, "error", None)
+        text = response.text if record.status_code else ""
+        record.error = f"HTTP {record.status_code}: {(text or str(error or ''))[:300]}"
+        return
+    timer = StreamTimer(ctx.api)
+    for raw in response.iter_lines():
+        timer.feed(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, ctx.clock.now())
+    timing = timer.finish()
+    record.request_id = timing.request_id
+    record.first_token_time = timing.first_token_time
+    record.token_times = timing.token_times
+    record.end_time = timing.end_time
+    record.finish_reason = timing.finish_reason
+    record.num_prompt_tokens = timing.num_prompt_tokens
+    record.num_output_tokens = timing.num_output_tokens
+    record.num_cached_tokens = timing.num_cached_tokens
+    record.has_usage = timing.has_usage
+    record.error = timing.error
+
+
+def report_token_rows(fire: RequestEvent, record: ClientRecord, suffix: str = "") -> None:
+    """TTFT (one per request), ITL (one per gap between content chunks) and TPOT as Locust rows, in ms."""
+
+    def row(name: str, seconds: float, length: int) -> None:
+        fire(request_type=LLM_REQUEST_TYPE, name=name + suffix, response_time=seconds * 1000.0,
+             response_length=length, exception=None, context={})
+
+    ttft = record.ttft_s
+    if ttft is not None:
+        row(TTFT_ROW, ttft, record.num_prompt_tokens or 0)
+    for gap in record.itl_s:
+        row(ITL_ROW, gap, 1)
+    tpot = record.tpot_s
+    if tpot is not None:
+        row(TPOT_ROW, tpot, record.num_output_tokens or 0)

@@ -1,0 +1,110 @@
+"""Run Locust headless as a child process over our locustfile, and read back the stats it wrote.
+
+One process (``--processes 1``) is Locust's local runner; more is its own master/worker mode
+(``--processes N``: a master plus N forked workers, stats merged by the master).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from loadtests.config import LoadConfig
+from loadtests.errors import LocustFailedError
+from loadtests.load_context import API_KEY_ENV
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+CSV_PREFIX = "locust"
+LOCUST_LOG = "locust.log"
+LOCUST_HTML = "locust.html"
+# Seconds past run time + stop timeout before Locust's own -t stops the run. The run normally
+# ends itself once the last in-flight request is done (see loadtests.locustfile); -t only bounds it.
+RUN_TIME_MARGIN_S = 10.0
+# Seconds Locust may take to start (import, fork workers) and to write its files.
+STARTUP_ALLOWANCE_S = 60.0
+TICK_S = 1.0
+
+
+@dataclass(slots=True)
+class LocustRun:
+    """What came back from one Locust run."""
+
+    returncode: int
+    stats_csv: Path
+    log_path: Path
+    wall_s: float
+
+
+def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> list[str]:
+    """The headless Locust command line for one load point against ``url``."""
+    num_users = config.users if config.users is not None else config.processes
+    user_class = "LLMUser" if config.users is not None else "OpenLoopUser"
+    run_time = config.run_time_s + config.stop_timeout_s + RUN_TIME_MARGIN_S  # Locust takes whole seconds
+    argv = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+        "-u", str(num_users), "-r", str(num_users), "-t", f"{math.ceil(run_time)}s",
+        "--host", url, "--stop-timeout", f"{config.stop_timeout_s:g}",
+        "--csv", str(run_dir / CSV_PREFIX), "--html", str(run_dir / LOCUST_HTML), "--only-summary",
+        "--exit-code-on-error", "0", "--loglevel", "INFO",
+        "--ss-run-dir", str(run_dir), "--ss-model", model, "--ss-api", config.api,
+        "--ss-warmup", f"{config.warmup_s:g}", "--ss-duration", f"{config.duration_s:g}",
+        "--ss-rate", f"{config.rate or 0:g}", "--ss-burstiness", f"{config.burstiness:g}",
+        "--ss-burst-size", str(config.burst_size), "--ss-seed", str(config.seed),
+        "--ss-num-workers", str(config.processes), "--ss-ignore-eos", str(int(config.ignore_eos)),
+    ]
+    if config.processes > 1:
+        argv += ["--processes", str(config.processes)]
+    return [*argv, user_class]
+
+
+def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
+               on_tick: Callable[[float], None] | None = None, api_key: str | None = None) -> LocustRun:
+    """Run one load point; ``on_tick(elapsed_s)`` is called about once a second while it runs.
+
+    ``api_key`` reaches the workers through the environment, never their command line.
+    """
+    env = dict(os.environ)
+    if api_key:
+        env[API_KEY_ENV] = api_key
+    log_path = run_dir / LOCUST_LOG
+    limit_s = config.run_time_s + 2 * config.stop_timeout_s + RUN_TIME_MARGIN_S + STARTUP_ALLOWANCE_S
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(locust_command(config, url, run_dir, model), stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        try:
+            while process.poll() is None:
+                elapsed = time.monotonic() - started
+                if elapsed > limit_s:
+                    process.kill()
+                    process.wait()
+                    raise LocustFailedError(f"Locust ran past {limit_s:.0f} s and was killed; see {log_path}")
+                if on_tick is not None:
+                    on_tick(elapsed)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(TICK_S)
+        except BaseException:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            raise
+    wall_s = time.monotonic() - started
+    stats_csv = run_dir / f"{CSV_PREFIX}_stats.csv"
+    if process.returncode != 0 or not stats_csv.is_file():
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+        raise LocustFailedError(f"Locust exited with status {process.returncode}; {log_path} ends:\n{tail}")
+    return LocustRun(process.returncode, stats_csv, log_path, wall_s)
+
+
+def read_locust_stats(run_dir: Path) -> pd.DataFrame:
+    """Locust's final stats table (``locust_stats.csv``), one row per (Type, Name) plus Aggregated."""
+    return pd.read_csv(run_dir / f"{CSV_PREFIX}_stats.csv")

@@ -1,0 +1,72 @@
+"""The request plan: the seeded list of requests a run's workers draw from, saved as ``workload.jsonl``.
+
+The orchestrator builds it once with the tokenizer (so Locust's processes never load one) and
+writes it into the run directory, where it also records exactly what was asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from loadtests.config import LoadConfig
+from loadtests.workloads import TokenizerLike, make_workload
+
+PLAN_NAME = "workload.jsonl"
+# Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
+CHAT_TEMPLATE_MARGIN = 64
+
+
+@dataclass(slots=True, frozen=True)
+class PlannedRequest:
+    """One request of the plan: prompt text, how many tokens it was cut to, how many to generate."""
+
+    index: int
+    prompt: str
+    num_prompt_tokens: int
+    max_tokens: int
+    group: str = ""
+
+
+def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int | None) -> list[PlannedRequest]:
+    """``config.plan_size()`` requests of ``config.workload``, seeded by ``config.seed``.
+
+    A prompt too long for ``max_model_len`` (what the server reports) next to its own output is
+    cut at the end to fit, less a margin for the chat template when ``config.api`` is chat.
+    """
+    overrides: dict[str, object] = {}
+    if config.max_tokens is not None:
+        overrides["max_output_tokens"] = config.max_tokens
+    items = make_workload(config.workload, **overrides).items(config.plan_size(), tokenizer, config.seed)
+    margin = CHAT_TEMPLATE_MARGIN if config.api == "chat" else 0
+    plan = []
+    for index, item in enumerate(items):
+        ids, prompt = item.prompt_token_ids, item.prompt
+        if max_model_len is not None:
+            room = max_model_len - margin - item.max_tokens
+            if room < 1:
+                raise ValueError(f"max_tokens {item.max_tokens} leaves no room for a prompt in the server's "
+                                 f"max_model_len {max_model_len}; lower --max-tokens")
+            if len(ids) > room:
+                ids = ids[:room]
+                prompt = tokenizer.decode(ids)
+        plan.append(PlannedRequest(index, prompt, len(ids), item.max_tokens, item.group))
+    return plan
+
+
+def write_plan(path: str | os.PathLike[str], plan: list[PlannedRequest]) -> Path:
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as f:
+        for item in plan:
+            f.write(json.dumps(asdict(item), separators=(",", ":")) + "\n")
+    return path
+
+
+def read_plan(path: str | os.PathLike[str]) -> list[PlannedRequest]:
+    with open(path, encoding="utf-8") as f:
+        plan = [PlannedRequest(**json.loads(line)) for line in f if line.strip()]
+    if not plan:
+        raise ValueError(f"{path} holds no requests")
+    return plan

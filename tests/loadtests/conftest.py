@@ -1,0 +1,48 @@
+"""Shared fixtures: the servescope command, and a real probed dummy:tiny server on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadtests.server_process import ServerProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL = "dummy:tiny"
+# Small, fast requests (the tests check counts and orderings, never speed); a short stop timeout
+# bounds a run that fails to end itself.
+FAST_LOAD = ["--workload", "fixed", "--max-tokens", "8", "--stop-timeout", "15"]
+
+
+def servescope_command() -> list[str]:
+    """``servescope`` as installed when it has the load commands, else the same commands from the checkout."""
+    script = Path(sys.executable).parent / "servescope"
+    if script.exists():
+        listed = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+        if "diagnose" in listed.stdout:
+            return [str(script)]
+    return [sys.executable, "-m", "loadtests.cli"]
+
+
+def run_cli(*args: str, timeout_s: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # NOTE: the checkout goes on PYTHONPATH by absolute path, so the fallback works from any cwd.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([*servescope_command(), *args], capture_output=True, text=True, timeout=timeout_s,
+                          cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def dummy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """``servescope serve --model dummy:tiny`` with probes, for tests that load an already-running server."""
+    server = ServerProcess(tmp_path_factory.mktemp("server"), ["--model", MODEL, "--execution", "eager"])
+    server.start()
+    try:
+        server.wait_healthy(120.0)
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,115 @@
+"""A real HTTP server (uvicorn, Starlette) that streams a fixed, slow OpenAI-style SSE script per request.
+
+It plays the part of an external server whose stream timing the test knows exactly: it records,
+per response, when it wrote the role chunk, the first content chunk, the finish chunk and the
+usage chunk, so a test can check what the client measured against what was sent, and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+MODEL = "scripted"
+ROLE_TO_CONTENT_S = 0.3  # role chunk, then an empty chunk, then the first text this much later
+FINISH_TO_USAGE_S = 0.4  # the usage chunk comes this long after the finish chunk
+CONTENT = ["Hel", "lo", "!"]
+
+
+@dataclass
+class Sent:
+    """When the server wrote each marked chunk of one response (time.time())."""
+
+    role: float | None = None
+    first_content: float | None = None
+    finish: float | None = None
+    usage: float | None = None
+
+
+@dataclass
+class ScriptedServer:
+    url: str
+    sent: dict[str, Sent] = field(default_factory=dict)
+
+
+def _chunk(request_id: str, is_chat: bool, text: str | None, finish: str | None = None,
+           role: bool = False) -> str:
+    if is_chat:
+        delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, object] = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish}
+    return f"data: {json.dumps({'id': request_id, 'choices': [choice]})}\n\n"
+
+
+def _app(server: ScriptedServer) -> Starlette:
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]})
+
+    async def stream(request: Request) -> StreamingResponse:
+        body = await request.json()
+        is_chat = request.url.path.endswith("/chat/completions")
+        request_id = f"scripted-{uuid.uuid4().hex}"
+        sent = server.sent[request_id] = Sent()
+
+        async def events() -> AsyncIterator[str]:
+            if is_chat:
+                sent.role = time.time()
+                yield _chunk(request_id, True, None, role=True)
+            await asyncio.sleep(ROLE_TO_CONTENT_S / 2)
+            yield _chunk(request_id, is_chat, "")  # an empty chunk is not a token either
+            yield ": keep-alive\n\n"
+            await asyncio.sleep(ROLE_TO_CONTENT_S / 2)
+            for i, text in enumerate(CONTENT[: body["max_tokens"]]):
+                if i == 0:
+                    sent.first_content = time.time()
+                yield _chunk(request_id, is_chat, text)
+                await asyncio.sleep(0.02)
+            sent.finish = time.time()
+            yield _chunk(request_id, is_chat, None, finish="length")
+            await asyncio.sleep(FINISH_TO_USAGE_S)
+            sent.usage = time.time()
+            usage = {"prompt_tokens": 5, "completion_tokens": len(CONTENT), "total_tokens": 5 + len(CONTENT)}
+            yield f"data: {json.dumps({'id': request_id, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", stream, methods=["POST"]),
+                             Route("/v1/chat/completions", stream, methods=["POST"])])
+
+
+@contextmanager
+def scripted_server() -> Iterator[ScriptedServer]:
+    """The scripted server on a free 127.0.0.1 port, on a background thread."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    uv = uvicorn.Server(uvicorn.Config(_app(server), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the scripted server did not start")
+        time.sleep(0.05)
+    try:
+        yield server
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

@@ -1,0 +1,135 @@
+"""``servescope diagnose``: our server, probed, loaded by real Locust; nothing lost between the three counts."""
+
+from __future__ import annotations
+
+import json
+from importlib.util import find_spec
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loadtests.cli import main
+from loadtests.client_table import load_client_requests
+from loadtests.load_context import ITL_ROW, TPOT_ROW, TTFT_ROW, WARMUP_SUFFIX
+from loadtests.locust_runner import read_locust_stats
+from loadtests.records import journal_paths
+from probes.loader import load_run
+from tests.loadtests.conftest import FAST_LOAD, MODEL, run_cli
+
+# The contract's verdicts; "undetermined" only where this install has no report package to judge.
+VERDICTS = ("batching", "cache", "execution", "none") if find_spec("reports.diagnosis") else ("undetermined",)
+RUN_FILES = ("run.json", "steps.parquet", "requests.parquet", "host.parquet", "trace.json", "load.json",
+             "workload.jsonl", "client_requests.parquet", "locust_stats.csv", "locust.html", "summary.json",
+             "diagnosis.json", "report.html")
+
+
+def locust_count(stats: pd.DataFrame, kind: str, name: str) -> int:
+    rows = stats[(stats["Type"] == kind) & (stats["Name"] == name)]
+    return int(rows["Request Count"].sum())
+
+
+def check_nothing_lost(out: Path) -> pd.DataFrame:
+    """Requests sent == Locust's HTTP rows == requests the server finished == client rows, id for id."""
+    rows = load_client_requests(out)
+    server = load_run(out).frame("requests")
+    stats = read_locust_stats(out)
+    assert len(rows) > 0 and rows["is_ok"].all(), rows.loc[~rows["is_ok"], "error"].tolist()
+    assert int(stats.loc[stats["Type"] == "POST", "Request Count"].sum()) == len(rows)
+    assert server["is_finished"].all() and len(server) == len(rows)
+    assert set(server["request_id"]) == set(rows["request_id"])  # the same requests, not just as many
+    assert rows["request_id"].is_unique
+    assert journal_paths(out) == []  # merged into client_requests.parquet
+    return rows
+
+
+def check_token_rows(out: Path, rows: pd.DataFrame) -> None:
+    """Locust's TTFT / ITL / TPOT rows count exactly what the client rows hold, warm-up apart."""
+    stats = read_locust_stats(out)
+    for is_warmup, suffix in ((False, ""), (True, WARMUP_SUFFIX)):
+        part = rows[rows["is_warmup"] == is_warmup]
+        assert locust_count(stats, "LLM", TTFT_ROW + suffix) == part["ttft_s"].notna().sum()
+        assert locust_count(stats, "LLM", TPOT_ROW + suffix) == part["tpot_s"].notna().sum()
+        assert locust_count(stats, "LLM", ITL_ROW + suffix) == sum(len(gaps) for gaps in part["itl_s"])
+
+
+def check_times(rows: pd.DataFrame) -> None:
+    """Every row's moments in order; TTFT <= E2E wherever text came back.
+
+    NOTE: a random dummy model may answer only special tokens, which decode to no text: such a
+    request has its tokens (usage) but no first content token, hence no TTFT.
+    """
+    assert rows["first_token_time"].notna().sum() > len(rows) / 2
+    for row in rows.itertuples():
+        assert row.send_time <= row.first_byte_time <= row.end_time
+        times = list(row.token_times)
+        if not times:
+            assert pd.isna(row.first_token_time) and pd.isna(row.ttft_s) and row.num_output_tokens > 0
+            continue
+        assert row.first_byte_time <= row.first_token_time <= row.end_time
+        assert row.ttft_s <= row.e2e_s
+        assert times == sorted(times) and times[0] == row.first_token_time and times[-1] <= row.end_time
+
+
+def test_diagnose_the_dummy_model(tmp_path) -> None:
+    out = tmp_path / "run"
+    result = run_cli("diagnose", "--model", MODEL, "--duration", "5", "--warmup", "1", "--users", "4", *FAST_LOAD,
+                     "--slo", "ttft=30,tpot=30", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bottleneck:" in result.stderr and "users-4" in result.stderr  # progress and summary on the terminal
+    for name in RUN_FILES:
+        assert (out / name).is_file(), name
+    rows = check_nothing_lost(out)
+    check_token_rows(out, rows)
+    check_times(rows)
+    assert rows["is_warmup"].any() and not rows["is_warmup"].all()
+    # ignore_eos asks for exactly max_tokens; the byte-level prompt is as many tokens as planned.
+    assert (rows["num_output_tokens"] == 8).all()
+    assert (rows["num_prompt_tokens"] == rows["planned_prompt_tokens"]).all()
+
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    assert {"bottleneck", "evidence", "metrics"} <= set(diagnosis)
+    assert diagnosis["bottleneck"] in VERDICTS
+    metrics = json.loads((out / "summary.json").read_text())
+    assert metrics["num_requests"] == int((~rows["is_warmup"]).sum()) == metrics["num_ok"]
+    assert metrics["accounting"]["is_consistent"]
+    assert metrics["goodput"]["fraction"] == 1.0
+    assert metrics["server"]["max_batch_size"] >= 2  # four users: the engine batched them
+    for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert metrics[name]["p50"] <= metrics[name]["p99"]
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["workload"]["config"]["users"] == 4 and manifest["seeds"]["workload"] == 0
+
+
+def test_two_worker_processes_merge_into_one_set_of_stats(tmp_path) -> None:
+    out = tmp_path / "run"
+    assert main(["diagnose", "--model", MODEL, "--execution", "eager", "--processes", "2", "--users", "4",
+                 "--duration", "4", "--warmup", "1", *FAST_LOAD, "--out", str(out)]) == 0
+    rows = check_nothing_lost(out)
+    check_token_rows(out, rows)
+    by_worker = rows.groupby("worker")
+    assert set(by_worker.groups) == {"w0", "w1"} and (by_worker.size() > 0).all()
+    # Worker i of 2 sends plan items i, i + 2, i + 4, ... (wrapping): the workers never repeat each other.
+    num_planned = len((out / "workload.jsonl").read_text().splitlines())
+    for index, worker in enumerate(("w0", "w1")):
+        mine = rows[rows["worker"] == worker].sort_values("seq")
+        assert list(mine["seq"]) == list(range(len(mine)))  # none of its requests missing
+        assert list(mine["plan_index"]) == [(index + 2 * seq) % num_planned for seq in mine["seq"]]
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_default_diagnose_as_readme_runs_it(tmp_path) -> None:
+    """``servescope diagnose`` with no flags: the bundled smollm2-135m, about 3 minutes on 2 cores."""
+    result = run_cli("diagnose", cwd=tmp_path, timeout_s=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    out = runs[0]
+    rows = check_nothing_lost(out)
+    check_times(rows)
+    metrics = json.loads((out / "summary.json").read_text())
+    assert metrics["model"] == "smollm2-135m" and metrics["num_ok"] > 0
+    assert json.loads((out / "diagnosis.json").read_text())["bottleneck"] in VERDICTS
+    assert (out / "report.html").is_file()

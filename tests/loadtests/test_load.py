@@ -1,0 +1,112 @@
+"""``servescope load`` against running servers: what the client measures, Poisson arrivals, sweeps."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from loadtests.arrival import OpenLoopArrivals, worker_rng
+from loadtests.cli import main
+from loadtests.client_table import load_client_requests
+from loadtests.locust_runner import read_locust_stats
+from loadtests.server_process import ServerProcess
+from loadtests.summary import point_metrics, summary_metrics, write_measurements_only
+from tests.loadtests.conftest import FAST_LOAD
+from tests.loadtests.scripted_server import FINISH_TO_USAGE_S, ROLE_TO_CONTENT_S, scripted_server
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_ttft_is_the_first_content_token_and_usage_does_not_move_the_end(tmp_path, api: str) -> None:
+    out = tmp_path / "run"
+    with scripted_server() as server:
+        assert main(["load", "--target", server.url, "--tokenizer", "dummy:tiny", "--api", api, "--users", "1",
+                     "--duration", "1.5", "--warmup", "0", "--workload", "fixed", "--max-tokens", "3",
+                     "--out", str(out)]) == 0
+    rows = load_client_requests(out)
+    assert len(rows) >= 1 and rows["is_ok"].all()
+    assert set(rows["request_id"]) == set(server.sent)  # every response the server wrote has its row
+    for row in rows.itertuples():
+        sent = server.sent[row.request_id]
+        # Measured at the first text: never before the server wrote it (the role and empty chunks
+        # went out ROLE_TO_CONTENT_S earlier).
+        assert row.first_token_time >= sent.first_content
+        assert row.ttft_s >= ROLE_TO_CONTENT_S
+        # The end is the finish chunk, received before the usage chunk was even written.
+        assert row.end_time < sent.usage
+        assert sent.usage - sent.finish >= FINISH_TO_USAGE_S
+        assert row.ttft_s <= row.e2e_s
+        assert len(row.token_times) == 3 and row.num_output_tokens == 3 and row.num_prompt_tokens == 5
+        assert row.first_token_time == row.token_times[0] and row.token_times[-1] <= row.end_time
+    stats = read_locust_stats(out)
+    http = stats[(stats["Type"] == "POST")]
+    assert int(http["Request Count"].sum()) == len(rows)
+    assert point_metrics(out)["accounting"]["is_consistent"]
+
+
+def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_server: ServerProcess) -> None:
+    rate, seed = 20.0, 3
+    out = tmp_path / "run"
+    assert main(["load", "--target", dummy_server.url, "--rate", str(rate), "--duration", "8", "--warmup", "0",
+                 "--seed", str(seed), *FAST_LOAD, "--out", str(out)]) == 0
+    rows = load_client_requests(out).sort_values("send_time")
+    n = len(rows)
+    assert n >= 80  # about rate * duration = 160 arrivals
+    sends = rows["send_time"].to_numpy()
+    gaps = np.diff(sends)
+    assert gaps.mean() == pytest.approx(1.0 / rate, rel=0.25)
+    assert 0.7 <= gaps.std() / gaps.mean() <= 1.3  # exponential gaps: coefficient of variation 1
+    # The arrivals are the seeded schedule, gap for gap (the first arrival is one gap after the start).
+    scheduled = rows["scheduled_time"].to_numpy()
+    expected = list(itertools.islice(OpenLoopArrivals(rate).gaps(worker_rng(seed, 0)), n))
+    assert np.allclose(np.diff(scheduled), expected[1:], atol=1e-6)
+    assert (sends >= scheduled - 1e-6).all()  # never early
+    metrics = point_metrics(out)
+    assert metrics["accounting"]["is_consistent"], metrics["accounting"]
+    assert metrics["open_loop"]["offered_rate_per_s"] == rate
+
+
+def test_burst_workload_sends_groups_that_arrive_together(tmp_path, dummy_server: ServerProcess) -> None:
+    out = tmp_path / "run"
+    assert main(["load", "--target", dummy_server.url, "--workload", "burst", "--burst-size", "4", "--rate", "8",
+                 "--duration", "3", "--warmup", "0", "--max-tokens", "4", "--out", str(out)]) == 0
+    rows = load_client_requests(out)
+    groups = rows.groupby("scheduled_time").size()
+    assert len(groups) >= 2 and (groups == 4).all()  # every arrival carried exactly 4 requests
+    assert point_metrics(out)["accounting"]["is_consistent"]
+
+
+def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: ServerProcess) -> None:
+    out = tmp_path / "sweep"
+    assert main(["load", "--target", dummy_server.url, "--sweep", "users=1,3", "--duration", "3", "--warmup", "1",
+                 *FAST_LOAD, "--slo", "ttft=60,tpot=60", "--out", str(out)]) == 0
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [p["dir"] for p in sweep["points"]] == ["users-1", "users-3"]
+    points = json.loads((out / "summary.json").read_text())["points"]
+    assert [p["users"] for p in points] == [1, 3]
+    for point in points:
+        assert point["accounting"]["is_consistent"], point["accounting"]
+        assert point["num_ok"] == point["num_requests"] > 0
+        assert point["goodput"]["fraction"] == 1.0  # bounds no request can miss
+        assert len(pd.read_parquet(out / point["point"] / "prometheus.parquet")) > 0  # its /metrics, scraped
+    assert "users-3" in (out / "report.html").read_text()
+    # Without the report package, the measurements alone, and no verdict.
+    result = write_measurements_only(out, summary_metrics(out))
+    assert result["bottleneck"] == "undetermined"
+    assert json.loads((out / "diagnosis.json").read_text())["metrics"]["points"][1]["users"] == 3
+    html = (out / "report.html").read_text()
+    assert "users-1" in html and "users-3" in html and "<script" not in html
+
+
+def test_an_unreachable_target_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main(["load", "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "x")]) == 2
+    assert "does not answer GET /v1/models" in capsys.readouterr().err
+
+
+def test_a_used_out_directory_is_refused(tmp_path, dummy_server: ServerProcess, capsys) -> None:
+    (tmp_path / "old.txt").write_text("a previous run")
+    assert main(["load", "--target", dummy_server.url, "--out", str(tmp_path)]) == 2
+    assert "is not empty" in capsys.readouterr().err
