@@ -1,0 +1,19 @@
+"""Reports: read a run directory, say which lever holds the server back, and draw it.
+
+``write_report(dir)`` writes ``dir/report.html`` and ``dir/diagnosis.json`` and returns the
+diagnosis as a dict; ``reports.diagnosis.diagnose(dir)`` returns the verdict alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def write_report(path: Any, out: Any = None) -> dict[str, Any]:
+    """See :func:`reports.report.write_report` (imported on first use: it pulls in plotly)."""
+    from reports.report import write_report as _write_report
+
+    return _write_report(path, out)
+
+
+__all__ = ["write_report"]

@@ -1,0 +1,162 @@
+"""Ablations: the same workload with each lever switched off in turn, side by side.
+
+An ablation directory holds one run directory per variant and ``ablation.json`` naming them::
+
+    {"baseline": "continuous",
+     "variants": [{"name": "continuous", "dir": "continuous", "lever": null, "description": "..."}, ...]}
+
+:func:`write_ablation_index` writes that file; the orchestrator runs one load point per variant
+(``STANDARD_VARIANTS`` lists the usual ones with the ``serve`` flags that make each) and then calls
+``reports.write_report(out)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.dataset import DatasetError, load_points
+from reports.measures import client_measures
+
+ABLATION_NAME = "ablation.json"
+NAIVE = "naive"
+
+
+@dataclass(frozen=True, slots=True)
+class AblationVariant:
+    """One variant: ``lever`` is the lever it switches off (None: every lever on; "all": the raw framework)."""
+
+    name: str
+    lever: str | None
+    description: str = ""
+    serve_flags: tuple[str, ...] = ()
+
+    @property
+    def dir(self) -> str:
+        return self.name
+
+
+STANDARD_VARIANTS: tuple[AblationVariant, ...] = (
+    AblationVariant("continuous", None, "every lever on: continuous batching, paged KV, optimized execution"),
+    AblationVariant("no-batching", "batching", "max_num_seqs=1: one request at a time through the engine",
+                    ("--max-num-seqs", "1")),
+    AblationVariant("contiguous", "cache", "kv_layout=contiguous: max-length KV reservations instead of pages",
+                    ("--kv-layout", "contiguous")),
+    AblationVariant("eager", "execution", "execution=eager: plain torch ops, no fused kernels or graphs",
+                    ("--execution", "eager")),
+    AblationVariant(NAIVE, "all", "HF transformers one request at a time: the raw framework",
+                    ("--engine", "naive")),
+)
+
+
+def write_ablation_index(out: str | os.PathLike[str], variants: Sequence[AblationVariant],
+                         baseline: str = "continuous") -> Path:
+    """Write ``out/ablation.json`` for variants already run into ``out/<variant.name>/``."""
+    from probes.run_dir import RunDirectory
+
+    names = [v.name for v in variants]
+    if baseline not in names:
+        raise ValueError(f"the baseline {baseline!r} is not one of the variants {names}")
+    return RunDirectory(out).write_json(ABLATION_NAME, {
+        "baseline": baseline,
+        "variants": [{"name": v.name, "dir": v.dir, "lever": v.lever, "description": v.description,
+                      "serve_flags": list(v.serve_flags)} for v in variants]})
+
+
+def read_ablation_index(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    index = Path(path) / ABLATION_NAME
+    if not index.is_file():
+        return None
+    return json.loads(index.read_text(encoding="utf-8"))
+
+
+@dataclass(slots=True)
+class AblationRow:
+    """One variant's throughput and latency percentiles, with ratios to the full engine and to naive."""
+
+    name: str
+    lever: str | None
+    description: str
+    num_requests: int
+    output_throughput: float | None
+    request_throughput: float | None
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    tpot_p99: float | None
+    e2e_p50: float | None
+    throughput_vs_baseline: float | None = None
+    ttft_vs_baseline: float | None = None
+    tpot_vs_baseline: float | None = None
+    throughput_vs_naive: float | None = None
+    bottleneck: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class AblationTable:
+    baseline: str
+    rows: list[AblationRow]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "rows": [r.to_dict() for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AblationTable:
+        return cls(data["baseline"], [AblationRow(**row) for row in data["rows"]])
+
+
+def ablation_table(path: str | os.PathLike[str], with_verdicts: bool = True) -> AblationTable | None:
+    """The ablation table of the directory at ``path`` (None when it is not an ablation directory).
+
+    A variant whose directory is a sweep is measured at its heaviest point.
+    """
+    index = read_ablation_index(path)
+    if index is None:
+        return None
+    from reports.diagnosis import diagnose_dataset
+
+    rows = []
+    for variant in index["variants"]:
+        try:
+            points = load_points(Path(path) / variant["dir"])
+        except DatasetError as exc:
+            raise DatasetError(f"ablation variant {variant['name']!r}: {exc}") from exc
+        point = max(points, key=lambda p: p.concurrency or 0.0)
+        c = client_measures(point)
+
+        def stat(dist: dict[str, float] | None, key: str) -> float | None:
+            return dist[key] if dist else None
+
+        rows.append(AblationRow(
+            name=variant["name"], lever=variant.get("lever"), description=variant.get("description", ""),
+            num_requests=c.num_ok if c else 0, output_throughput=c.output_throughput if c else None,
+            request_throughput=c.request_throughput if c else None,
+            ttft_p50=stat(c.ttft_s if c else None, "p50"), ttft_p90=stat(c.ttft_s if c else None, "p90"),
+            ttft_p99=stat(c.ttft_s if c else None, "p99"), tpot_p50=stat(c.tpot_s if c else None, "p50"),
+            tpot_p90=stat(c.tpot_s if c else None, "p90"), tpot_p99=stat(c.tpot_s if c else None, "p99"),
+            e2e_p50=stat(c.e2e_s if c else None, "p50"),
+            bottleneck=diagnose_dataset(point).bottleneck if with_verdicts else None))
+    by_name = {r.name: r for r in rows}
+    base, naive = by_name.get(index["baseline"]), by_name.get(NAIVE)
+    for row in rows:
+        if base is not None:
+            row.throughput_vs_baseline = _ratio(row.output_throughput, base.output_throughput)
+            row.ttft_vs_baseline = _ratio(row.ttft_p50, base.ttft_p50)
+            row.tpot_vs_baseline = _ratio(row.tpot_p50, base.tpot_p50)
+        if naive is not None:
+            row.throughput_vs_naive = _ratio(row.output_throughput, naive.output_throughput)
+    return AblationTable(index["baseline"], rows)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None

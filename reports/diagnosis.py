@@ -1,0 +1,240 @@
+"""The verdict: which lever (batching, cache, execution) holds the server back, or none.
+
+The decision follows one order. First, is there pressure at all: an engine idle over half the
+time with nobody waiting is limited by its load (``none``). Then: not enough simultaneous work
+reaches the device (``batching``); active request state fills memory (``cache``); work is
+organized but coordination is costly (``execution``). The first finding whose rules pass is the
+verdict; if none does, nothing inside the server binds and the load is the limit (``none``).
+Every rule's evidence goes into the result, passed or not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import reports.external_rules  # noqa: F401 - registers the external rules
+import reports.rules  # noqa: F401 - registers the engine rules
+from reports.ablation import ablation_table, read_ablation_index
+from reports.dataset import RunDataset, load_points, sweep_parameter
+from reports.evidence import BOTTLENECKS, RULES, Bottleneck, Evidence, Facts, SweepMeasures
+from reports.levers import lever_for
+from reports.measures import client_measures, prometheus_measures, server_measures
+from reports.roofline import read_peaks, resolve_model_shape, roofline_summary, step_work
+
+# How much a verdict can be trusted from each kind of data, before the evidence's own margins.
+SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "sweep": 0.7, "client": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One way to reach a verdict: every rule of ``all_of`` passes and, if given, one of ``any_of``.
+
+    Rules in ``unknown_ok`` may be unmeasurable (None) without blocking the finding; ``support``
+    rules never decide, but raise the confidence when they pass.
+    """
+
+    bottleneck: Bottleneck
+    all_of: tuple[str, ...] = ()
+    any_of: tuple[str, ...] = ()
+    unknown_ok: tuple[str, ...] = ()
+    support: tuple[str, ...] = ()
+
+    def fires(self, evidence: dict[str, Evidence]) -> bool:
+        for name in self.all_of:
+            passed = evidence[name].passed
+            if not (passed or (passed is None and name in self.unknown_ok)):
+                return False
+        return not self.any_of or any(evidence[name].passed for name in self.any_of)
+
+    def deciding(self, evidence: dict[str, Evidence]) -> list[Evidence]:
+        names = [*self.all_of, *(n for n in self.any_of if evidence[n].passed)]
+        return [evidence[n] for n in names if evidence[n].passed]
+
+
+ENGINE_FINDINGS = (
+    Finding("none", all_of=("engine_idle", "queue_absent"), support=("batch_has_room",)),
+    Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
+    Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
+    Finding("execution", all_of=("host_overhead",), support=("low_mbu",)),
+)
+ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
+METRICS_FINDINGS = (
+    Finding("cache", all_of=("server_queue", "server_kv_full"), support=("server_preemptions",)),
+    Finding("cache", any_of=("server_preemptions",)),
+    Finding("batching", all_of=("server_queue", "server_kv_room"), support=("few_streams_decoding",)),
+)
+SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
+                          support=("few_streams_decoding",)),)
+CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),)
+EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """The verdict on one run (or sweep) directory; saved as ``diagnosis.json``."""
+
+    bottleneck: Bottleneck
+    confidence: float  # 0..1
+    confidence_label: str  # high / medium / low
+    lever: str  # what to change first
+    summary: str
+    source: str  # what the verdict rests on: engine, prometheus, sweep or client
+    evidence: list[Evidence]  # deciding evidence first, then every other rule evaluated
+    deciding: list[str]  # names of the rules that made the verdict
+    also: list[str]  # other bottlenecks whose findings also fired
+    metrics: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bottleneck": self.bottleneck, "confidence": self.confidence,
+                "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
+                "source": self.source, "evidence": [e.to_dict() for e in self.evidence], "deciding": self.deciding,
+                "also": self.also, "metrics": self.metrics, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        if data.get("bottleneck") not in BOTTLENECKS:
+            raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {data.get('bottleneck')!r}")
+        return cls(bottleneck=data["bottleneck"], confidence=float(data["confidence"]),
+                   confidence_label=data["confidence_label"], lever=data["lever"], summary=data["summary"],
+                   source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
+                   deciding=list(data["deciding"]), also=list(data["also"]), metrics=dict(data["metrics"]),
+                   label=data.get("label", ""))
+
+    def to_json(self) -> str:
+        return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Diagnosis:
+        return cls.from_dict(json.loads(text))
+
+
+def facts_for(data: RunDataset, sweep: SweepMeasures | None = None) -> Facts:
+    """Every measure of one load point the rules read."""
+    server = server_measures(data)
+    roofline = None
+    config = data.engine_config
+    shape = resolve_model_shape(data.model, config.get("dtype", "float32")) if server is not None else None
+    if shape is not None:
+        roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, read_peaks(data.path))
+    return Facts(server=server, client=client_measures(data), prometheus=prometheus_measures(data),
+                 roofline=roofline, engine_config=config, sweep=sweep)
+
+
+def decide(facts: Facts, label: str = "") -> Diagnosis:
+    """Apply the findings in order to one point's facts."""
+    evidence = {name: rule.evaluate(facts) for name, rule in RULES.items()}
+    if facts.server is not None:
+        source, findings, fallback = "engine", ENGINE_FINDINGS, ENGINE_FALLBACK
+    else:
+        findings = (*METRICS_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus else (*SWEEP_FINDINGS, *CLIENT_FINDINGS)
+        fallback = EXTERNAL_FALLBACK
+        source = "prometheus" if facts.prometheus else "sweep" if facts.sweep else "client"
+    fired = [f for f in findings if f.fires(evidence)]
+    chosen = fired[0] if fired else fallback
+    deciding = chosen.deciding(evidence)
+    names = [*chosen.all_of, *chosen.any_of, *chosen.support]
+    relevant = [evidence[n] for n in dict.fromkeys(names)]
+    others = [e for n, e in evidence.items() if n not in names and e.passed is not None]
+    also = sorted({f.bottleneck for f in fired[1:]} - {chosen.bottleneck})
+    confidence = _confidence(source, chosen, evidence, deciding, fired_at_all=bool(fired), num_conflicts=len(also))
+    lever, summary = lever_for(chosen.bottleneck, facts, deciding)
+    metrics = {"source": source, **{k: (v.to_dict() if v is not None else None) for k, v in (
+        ("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus),
+        ("roofline", facts.roofline), ("sweep", facts.sweep))}}
+    return Diagnosis(bottleneck=chosen.bottleneck, confidence=confidence, confidence_label=_label(confidence),
+                     lever=lever, summary=summary, source=source, evidence=[*relevant, *others],
+                     deciding=[e.name for e in deciding], also=also, metrics=metrics, label=label)
+
+
+def diagnose_dataset(data: RunDataset, sweep: SweepMeasures | None = None) -> Diagnosis:
+    return decide(facts_for(data, sweep), data.label)
+
+
+def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
+    """The verdict on a run directory, a sweep directory (``sweep.json``) as a whole, or an ablation.
+
+    An ablation directory (``ablation.json``) is judged by its baseline variant, with the
+    ablation table in ``metrics["ablation"]``.
+
+    A sweep is judged at its heaviest point, where a limit shows most, with the way throughput,
+    TTFT and TPOT move across the points as evidence; every point's own verdict is in
+    ``metrics["points"]``.
+    """
+    index = read_ablation_index(path)
+    if index is not None:
+        baseline = next(v["dir"] for v in index["variants"] if v["name"] == index["baseline"])
+        result = diagnose(Path(path) / baseline)
+        table = ablation_table(path)
+        result.metrics["ablation"] = table.to_dict() if table is not None else None
+        return result
+    points = load_points(path)
+    if len(points) == 1:
+        return diagnose_dataset(points[0])
+    ordered = sorted(points, key=lambda p: p.concurrency or 0.0)
+    per_point = [(p, diagnose_dataset(p)) for p in ordered]
+    sweep = sweep_measures(sweep_parameter(path) or "load", [(p, d.metrics) for p, d in per_point])
+    result = diagnose_dataset(ordered[-1], sweep)
+    result.metrics["points"] = [
+        {"label": p.label, "concurrency": p.concurrency, "bottleneck": d.bottleneck, "confidence": d.confidence,
+         "server": d.metrics["server"], "client": d.metrics["client"], "prometheus": d.metrics["prometheus"]}
+        for p, d in per_point]
+    return result
+
+
+def sweep_measures(parameter: str, points: list[tuple[RunDataset, dict[str, Any]]]) -> SweepMeasures | None:
+    """Lightest vs heaviest point of a sweep (points ordered by load), from their client measures."""
+    low, high = points[0], points[-1]
+    if low[0].concurrency is None or high[0].concurrency is None:
+        return None
+    lc, hc = low[1].get("client") or {}, high[1].get("client") or {}
+
+    def ratio(key: str, stat: str | None = None) -> float | None:
+        a = lc.get(key) if stat is None else (lc.get(key) or {}).get(stat)
+        b = hc.get(key) if stat is None else (hc.get(key) or {}).get(stat)
+        return b / a if a and b is not None else None
+
+    return SweepMeasures(parameter=parameter, low=low[0].concurrency, high=high[0].concurrency,
+                         throughput_ratio=ratio("output_throughput"), ttft_ratio=ratio("ttft_s", "p50"),
+                         tpot_ratio=ratio("tpot_s", "p50"))
+
+
+def _confidence(source: str, chosen: Finding, evidence: dict[str, Evidence], deciding: list[Evidence],
+                fired_at_all: bool, num_conflicts: int) -> float:
+    """Trust in the data source, times how clearly the deciding figures pass and how many supports agree."""
+    trust = SOURCE_TRUST[source]
+    supports = [evidence[n] for n in chosen.support if evidence[n].passed is not None]
+    support_share = sum(bool(e.passed) for e in supports) / len(supports) if supports else 0.0
+    if not fired_at_all:  # the fallback: no finding fired, the verdict is what is left
+        return round(trust * (0.35 + 0.25 * support_share), 3)
+    margin = sum(e.margin for e in deciding) / len(deciding) if deciding else 0.0
+    value = trust * (0.55 + 0.35 * margin + 0.1 * support_share) * (0.85 ** num_conflicts)
+    return round(min(value, 1.0), 3)
+
+
+def _label(confidence: float) -> str:
+    return "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinity become null (JSON has neither); numpy scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_diagnosis(path: str | os.PathLike[str], diagnosis: Diagnosis) -> Path:
+    from probes.run_dir import RunDirectory
+
+    return RunDirectory(path).write_json("diagnosis.json", json_safe(diagnosis.to_dict()))

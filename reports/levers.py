@@ -1,0 +1,51 @@
+"""What to try first for each verdict, worded from the run's own figures and settings."""
+
+from __future__ import annotations
+
+from reports.evidence import Bottleneck, Evidence, Facts, num, pct
+from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
+
+
+def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
+    """``(lever to try, one-sentence summary)`` for a verdict."""
+    names = {e.name for e in deciding}
+    config = facts.engine_config
+    s = facts.server
+    if bottleneck == "batching":
+        if s is not None:
+            top = max((LIMIT_CAP, LIMIT_BUDGET, LIMIT_IDLE), key=lambda k: s.wait_limits[k])
+            if top == LIMIT_CAP:
+                room = f" (the KV pool holds about {num(s.kv_capacity_seqs)})" if s.kv_capacity_seqs else ""
+                return (f"raise max_num_seqs above {config.get('max_num_seqs')}{room}",
+                        f"requests queue behind the max_num_seqs cap of {config.get('max_num_seqs')} while memory "
+                        f"has room")
+            if top == LIMIT_BUDGET:
+                return (f"raise max_num_batched_tokens above {config.get('max_num_batched_tokens')}",
+                        "requests queue while each step's token budget is spent")
+            return ("use continuous batching: admit waiting requests into the running batch every step",
+                    f"requests queue while the batch runs {num(s.mean_batch)} sequences with seats and memory free: "
+                    f"the server does not batch them")
+        if "sweep_throughput_flat" in names:
+            return ("enable or widen batching on the server (its max batch size / max_num_seqs)",
+                    "more concurrency did not become more throughput: requests are queued, not batched")
+        return ("check the server's batch limit (max_num_seqs / max batch size)",
+                "requests wait while the KV cache has room: a batch limit holds them")
+    if bottleneck == "cache":
+        if s is not None and s.kv_waste is not None and s.kv_waste >= 0.4:
+            return ("use the paged KV layout (kv_layout=paged): it reserves blocks as tokens arrive, not max length",
+                    f"the KV pool is full while {pct(s.kv_waste)} of the slots it hands out stay empty")
+        return ("give the KV cache more memory (kv_cache_mb / num_kv_blocks), or lower max_num_seqs so fewer "
+                "requests are preempted",
+                "active request state fills the KV pool: requests wait for blocks or are preempted")
+    if bottleneck == "execution":
+        overhead = config.get("host_overhead_ms") or 0
+        burnt = f"; --host-overhead-ms {overhead:g} adds that much per step" if overhead else ""
+        return (f"cut per-step host work: the optimized execution path (fused kernels, CUDA graphs), async "
+                f"scheduling{burnt}",
+                f"the batch and memory are healthy but host-side work takes "
+                f"{pct(s.overhead_share if s else None)} of each step")
+    if s is not None and s.busy_fraction <= 0.5:
+        return ("offer more load (more users or a higher rate) to find the server's limit",
+                f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
+    return ("offer more load (more users or a higher rate) to find the server's limit",
+            "every request was admitted and no lever binds: the offered load is the limit")

@@ -1,0 +1,63 @@
+"""diagnosis.json's contract, the schema round trip, and the decision mechanics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, diagnose
+from reports.evidence import BOTTLENECKS, RULES, Evidence, register
+from reports.report import write_report
+from reports.rules import HostOverhead
+
+
+def evidence(name: str, passed: bool | None) -> Evidence:
+    return Evidence(name, "batching", None if passed is None else 1.0, 0.5, ">=", passed, "", "")
+
+
+def test_diagnosis_json_meets_the_design_contract(scenario_dir) -> None:
+    path = scenario_dir("host-overhead-20ms")
+    returned = write_report(path)
+    written = json.loads((path / "diagnosis.json").read_text())
+    assert written == returned
+    assert written["bottleneck"] in BOTTLENECKS and written["bottleneck"] == "execution"
+    assert isinstance(written["evidence"], list) and isinstance(written["metrics"], dict)
+    for item in written["evidence"]:
+        assert {"name", "value", "threshold", "passed", "why", "summary"} <= set(item)
+    assert written["metrics"]["server"]["overhead_share"] > 0.5
+    assert (path / "report.html").is_file()
+
+
+def test_the_schema_round_trips_through_json(scenario_dir) -> None:
+    result = diagnose(scenario_dir("tiny-pool-preempts"))
+    again = Diagnosis.from_json(result.to_json())
+    assert again.to_dict() == Diagnosis.from_json(again.to_json()).to_dict()
+    assert again.bottleneck == result.bottleneck and again.deciding == result.deciding
+    assert [e.name for e in again.evidence] == [e.name for e in result.evidence]
+
+
+def test_an_unknown_bottleneck_is_refused() -> None:
+    with pytest.raises(ValueError, match="bottleneck must be one of"):
+        Diagnosis.from_dict({"bottleneck": "network"})
+
+
+def test_every_rule_states_its_reason_and_registers_once() -> None:
+    assert all(rule.why and rule.name for rule in RULES.values())
+    with pytest.raises(ValueError, match="registered twice"):
+        register(HostOverhead)
+
+
+def test_every_finding_names_registered_rules() -> None:
+    for finding in ENGINE_FINDINGS:
+        assert set(finding.all_of + finding.any_of + finding.support) <= set(RULES)
+
+
+def test_a_finding_needs_all_of_and_one_of_any_of() -> None:
+    finding = Finding("batching", all_of=("a", "b"), any_of=("c", "d"), unknown_ok=("b",))
+    base = {"a": evidence("a", True), "b": evidence("b", True), "c": evidence("c", False), "d": evidence("d", True)}
+    assert finding.fires(base)
+    assert finding.fires({**base, "b": evidence("b", None)})  # unmeasurable, and allowed to be
+    assert not finding.fires({**base, "a": evidence("a", None)})  # unmeasurable, not allowed
+    assert not finding.fires({**base, "d": evidence("d", False)})
+    assert [e.name for e in finding.deciding(base)] == ["a", "b", "d"]

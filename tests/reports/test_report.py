@@ -1,0 +1,49 @@
+"""The HTML report: self-contained, every section present, request text escaped."""
+
+from __future__ import annotations
+
+import re
+
+import markupsafe
+
+from reports.report import write_report
+from reports.sections import SECTIONS
+from tests.reports.conftest import MARKUP_PROMPT
+
+
+def test_the_report_is_one_offline_file_with_every_section(markup_run) -> None:
+    result = write_report(markup_run)
+    page = (markup_run / "report.html").read_text(encoding="utf-8")
+    assert result["bottleneck"] == "batching"
+    assert not re.search(r"<script[^>]+src=", page), "the report must not load scripts from elsewhere"
+    assert not re.search(r"<link[^>]+href=", page), "nor stylesheets"
+    assert page.count("Plotly.newPlot") >= 6  # timelines, waits, CDFs, goodput, steps, roofline
+    assert page.count("* plotly.js v") == 1, "plotly.js is inlined exactly once"
+    assert page.index("* plotly.js v") < page.index("</head>")
+    for section in SECTIONS:
+        assert f'<section id="{section.anchor}">' in page and f"<h2>{section.title}</h2>" in page
+    assert page.index('id="verdict"') < page.index('id="timelines"')
+
+
+def test_request_text_is_escaped(markup_run) -> None:
+    write_report(markup_run)
+    page = (markup_run / "report.html").read_text(encoding="utf-8")
+    assert MARKUP_PROMPT not in page
+    assert str(markupsafe.escape(MARKUP_PROMPT)) in page
+    assert "<script>alert(1)" not in page
+
+
+def test_a_sweep_directory_reports_every_point(external_dir) -> None:
+    path = external_dir("sweep-cap")
+    result = write_report(path)
+    page = (path / "report.html").read_text(encoding="utf-8")
+    assert result["bottleneck"] == "batching" and len(result["metrics"]["points"]) == 3
+    for label in ("users-1", "users-4", "users-8"):
+        assert label in page
+    assert "No engine steps" in page  # the step sections say why they are empty
+
+
+def test_report_into_another_directory(scenario_dir, tmp_path) -> None:
+    path = scenario_dir("open-loop-trickle")
+    result = write_report(path, tmp_path / "out")
+    assert (tmp_path / "out" / "report.html").is_file() and result["bottleneck"] == "none"

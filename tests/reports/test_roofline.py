@@ -1,0 +1,85 @@
+"""Roofline: measured peaks, and per-step FLOPs checked against torch's own FLOP counter on the real model."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
+from engine.weights.dummy import DUMMY_CONFIGS
+from reports.dataset import RunDataset
+from reports.diagnosis import facts_for
+from reports.roofline import (
+    MachinePeaks,
+    ModelShape,
+    measure_peaks,
+    read_peaks,
+    resolve_model_shape,
+    step_work,
+)
+
+
+class _Steps:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_step(self, stats: StepStats) -> None:
+        self.rows.append({name: getattr(stats, name) for name in stats.__slots__} | {"total_s": stats.total_s})
+
+    def on_request_event(self, event: object) -> None:
+        pass
+
+
+def test_peaks_are_measured_and_round_trip(tmp_path) -> None:
+    peaks = measure_peaks("cpu", copy_mib=16, matmul_n=256, repeats=2)
+    assert peaks.bandwidth_bytes_per_s > 0 and peaks.flops_per_s > 0
+    assert math.isfinite(peaks.ridge_intensity)
+    assert MachinePeaks.from_dict(peaks.to_dict()) == peaks
+    assert read_peaks(tmp_path) is None
+
+
+def test_step_flops_match_torchs_flop_counter_on_a_llama_shape() -> None:
+    """The estimate's matmul FLOPs against an independent count of the ops the model really ran."""
+    engine = LLMEngine(EngineConfig(model="dummy:smollm2-shape", device="cpu", num_threads=1, max_model_len=256))
+    recorder = _Steps()
+    engine.add_observer(recorder)
+    for i in range(3):
+        engine.add_request([(11 * i + j) % 250 + 1 for j in range(24 + 8 * i)],
+                           SamplingParams(max_tokens=3, ignore_eos=True))
+    shape = ModelShape.from_config("dummy:smollm2-shape", DUMMY_CONFIGS["smollm2-shape"], "float32")
+    kinds = []
+    while engine.has_unfinished():
+        with FlopCounterMode(display=False) as counter:
+            engine.step()
+        work = step_work(pd.DataFrame(recorder.rows[-1:]), shape)
+        kinds.append(work["kind"].iloc[0])
+        assert work["flops"].iloc[0] == pytest.approx(counter.get_total_flops(), rel=0.1)
+    assert {"prefill", "decode"} <= set(kinds)
+
+
+def test_decode_intensity_rises_with_the_batch() -> None:
+    """Weights are read once per step whatever the batch, so more sequences mean more FLOPs per byte."""
+    shape = resolve_model_shape("smollm2-135m")
+    assert shape is not None and shape.num_params > 100_000_000
+    rows = [{"num_prefill_tokens": 0, "num_decode_tokens": b, "num_seqs": b, "num_running": b,
+             "num_kv_slots_used": 100 * b, "total_s": 0.01, "forward_s": 0.008, "start_time": 0.0} for b in (1, 8, 64)]
+    intensity = step_work(pd.DataFrame(rows), shape)["intensity"].tolist()
+    assert intensity == sorted(intensity) and intensity[-1] > 10 * intensity[0]
+
+
+def test_a_run_gets_mbu_and_mfu_for_decode_and_prefill(scenario_dir) -> None:
+    data = RunDataset.load(scenario_dir("two-users-large-pool"))
+    roofline = facts_for(data).roofline
+    assert roofline is not None and roofline.peaks is not None
+    assert roofline.num_decode_steps > 0 and roofline.num_prefill_steps > 0
+    for value in (roofline.decode_mbu, roofline.decode_mfu, roofline.prefill_mbu, roofline.prefill_mfu):
+        assert value is not None and 0 < value < 1
+    assert roofline.decode_forward_mbu >= roofline.decode_mbu  # the forward alone is a part of the step
+
+
+def test_unknown_models_have_no_shape() -> None:
+    assert resolve_model_shape(None) is None
+    assert resolve_model_shape("some-org/some-model") is None
