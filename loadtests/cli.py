@@ -114,6 +114,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
                   f"{', '.join(c.point_name for c in configs)}, {configs[0].warmup_s:g} s warm-up + "
                   f"{configs[0].duration_s:g} s per point -> {out}")
     try:
+        if args.ablate:
+            if sweep is not None:
+                raise ValueError("--ablate runs one load point per variant; drop --sweep")
+            from loadtests.orchestrator import run_ablation
+
+            run_ablation(configs[0], out, serve_argv(args), args.model, console)
+            return 0
         run_diagnose(configs, out, serve_argv(args), args.model, console, sweep)
     except RunFailedError as exc:
         console.print(f"servescope: error: {exc}")
@@ -169,6 +176,9 @@ def register_diagnose(subparsers: Any) -> None:
     p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING, help="as on `serve`")
     add_engine_args(p)  # NOTE: its --seed seeds the engine and the workload alike
     add_load_args(p, DIAGNOSE_DEFAULTS, with_seed=False)
+    p.add_argument("--ablate", action="store_true",
+                   help="run the same load with each lever switched off in turn (batching, paged KV, optimized "
+                        "execution) and the naive HF baseline, and report them side by side")
     p.set_defaults(func=_cmd_diagnose)
 
 

@@ -118,6 +118,26 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
     return _finish(out, console)
 
 
+def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: str, console: Console) -> dict:
+    """The same load point once per lever switched off (reports.ablation.STANDARD_VARIANTS), side by side.
+
+    Each variant is a full diagnose run in ``out/<variant>/``; then ``out/ablation.json`` and one
+    report over all of them. NOTE: a variant's serve flags come last, so they override the user's.
+    """
+    from reports import write_report
+    from reports.ablation import STANDARD_VARIANTS, write_ablation_index
+
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; give --out a new directory")
+    for variant in STANDARD_VARIANTS:
+        console.rule(f"ablation: {variant.name} ({variant.description})")
+        run_diagnose([config], out / variant.dir, [*serve_argv, *variant.serve_flags], model, console)
+    write_ablation_index(out, STANDARD_VARIANTS)
+    diagnosis = write_report(out)
+    console.print(f"ablation report: {out / 'report.html'}")
+    return diagnosis
+
+
 def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
              served_model: str | None = None, api_key: str | None = None) -> Summary:

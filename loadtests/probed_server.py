@@ -50,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
 
     workload = json.loads(Path(args.workload_json).read_text()) if args.workload_json else None
     seeds = {"workload": args.workload_seed} if args.workload_seed is not None else None
-    engine = build_engine(args.engine, engine_config_from_args(args))
+    from reports.roofline import measure_peaks, write_peaks
+
+    engine_config = engine_config_from_args(args)
+    # Peak bandwidth and FLOP/s of the serving device, measured before the engine takes it: the
+    # roofline (MBU, MFU) in the report is relative to these.
+    write_peaks(args.run_dir, measure_peaks(engine_config.device, engine_config.dtype))
+    engine = build_engine(args.engine, engine_config)
     session = ProbeSession.for_engine(engine, args.run_dir, workload=workload, seeds=seeds)  # type: ignore[arg-type]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = build_app(engine, ServerSettings(api_key=api_key, max_waiting=args.max_waiting))

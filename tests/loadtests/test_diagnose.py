@@ -133,3 +133,24 @@ def test_default_diagnose_as_readme_runs_it(tmp_path) -> None:
     assert metrics["model"] == "smollm2-135m" and metrics["num_ok"] > 0
     assert json.loads((out / "diagnosis.json").read_text())["bottleneck"] in VERDICTS
     assert (out / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_diagnose_ablate_runs_every_lever_variant_and_reports_them(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "ablate"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtests.cli", "diagnose", "--model", "dummy:tiny", "--duration", "4", "--warmup",
+         "1", "--users", "4", "--num-threads", "1", "--ablate", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    rows = {row["name"]: row for row in diagnosis["ablation"]["rows"]}
+    assert set(rows) == {"continuous", "no-batching", "contiguous", "eager", "naive"}
+    assert rows["continuous"]["throughput_vs_baseline"] == 1.0
+    assert rows["no-batching"]["bottleneck"] == "batching"
+    assert (out / "report.html").read_text().count("Ablation") >= 1
