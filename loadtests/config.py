@@ -10,7 +10,7 @@ from typing import Any
 from loadtests.workloads import WORKLOADS
 
 APIS = ("completions", "chat")
-# Per-request latencies an SLO can bound, in seconds (see loadtests.summary.goodput).
+# Per-request latencies an SLO can bound, in seconds (see reports.measures.goodput).
 SLO_METRICS = ("ttft", "tpot", "e2e")
 SWEEP_PARAMETERS = ("users", "rate")
 # Requests per arrival when the ``burst`` workload runs open loop and no --burst-size is given.

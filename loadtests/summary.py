@@ -22,6 +22,7 @@ import pandas as pd
 from loadtests.client_table import load_client_requests
 from loadtests.locust_runner import read_locust_stats
 from probes.run_dir import MANIFEST_NAME, RunDirectory
+from reports.measures import distribution, goodput
 
 LOAD_NAME = "load.json"
 SWEEP_NAME = "sweep.json"
@@ -30,36 +31,6 @@ DIAGNOSIS_NAME = "diagnosis.json"
 REPORT_NAME = "report.html"
 TEMPLATE_NAME = "summary.html.jinja"
 UNDETERMINED = "undetermined"
-PERCENTILES = (50, 90, 95, 99)
-
-
-def distribution(values: Any) -> dict[str, float] | None:
-    """Mean, p50/p90/p95/p99 and max of ``values`` (NaNs dropped); None when there are none."""
-    array = np.asarray(pd.Series(values, dtype="float64").dropna())
-    if array.size == 0:
-        return None
-    out = {"mean": float(array.mean())}
-    out.update({f"p{p}": float(np.percentile(array, p)) for p in PERCENTILES})
-    out["max"] = float(array.max())
-    out["count"] = int(array.size)
-    return out
-
-
-def goodput(measured: pd.DataFrame, slo: dict[str, float], window_s: float) -> dict[str, Any]:
-    """The share of measured requests that succeeded and met every SLO bound, and their rate.
-
-    A bound on a latency the request does not have (TPOT of a one-token answer) does not fail it.
-    """
-    meets = measured["is_ok"].astype(bool)
-    for metric, bound in slo.items():
-        values = measured[f"{metric}_s"]
-        meets &= values.isna() | (values <= bound)
-    num_good = int(meets.sum())
-    return {"slo_s": dict(slo), "num_good": num_good,
-            "fraction": num_good / len(measured) if len(measured) else None,
-            "good_requests_per_s": num_good / window_s if window_s > 0 else None}
-
-
 def point_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Every measured number of one load point's run directory (warm-up requests left out)."""
     run_dir = Path(run_dir)
