@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -84,7 +85,14 @@ def test_paged_decode_attention_vs_dense(benchmark) -> None:
     benchmark.extra_info["kv_bytes_read"] = 2 * k_cache.numel() * k_cache.element_size()
 
 
-def _engine_step_bench(benchmark, batch: int) -> None:
+@pytest.fixture(scope="module")
+def cpu_peaks():
+    from reports.roofline import measure_peaks
+
+    return measure_peaks("cpu", "float32")
+
+
+def _engine_step_bench(benchmark, batch: int, peaks) -> None:
     loaded = load_model("dummy:smollm2-shape")
     engine = LLMEngine(EngineConfig(model="dummy:smollm2-shape", max_num_seqs=batch, max_model_len=1024), loaded)
     for i in range(batch):
@@ -95,17 +103,19 @@ def _engine_step_bench(benchmark, batch: int) -> None:
     mean_s = benchmark.stats.stats.mean
     weight_bytes = loaded.config.num_params * 4
     kv_bytes = batch * 140 * loaded.config.kv_bytes_per_token(4)
-    benchmark.extra_info.update(batch_size=batch, tokens_per_s=batch / mean_s,
-                                bytes_per_step=weight_bytes + kv_bytes, gb_per_s=(weight_bytes + kv_bytes) / mean_s / 1e9)
+    bytes_per_s = (weight_bytes + kv_bytes) / mean_s
+    benchmark.extra_info.update(batch_size=batch, tokens_per_s=batch / mean_s, bytes_per_step=weight_bytes + kv_bytes,
+                                gb_per_s=bytes_per_s / 1e9, peak_gb_per_s=peaks.bandwidth_bytes_per_s / 1e9,
+                                mbu=bytes_per_s / peaks.bandwidth_bytes_per_s)
 
 
-def test_engine_decode_step_batch_1(benchmark) -> None:
-    _engine_step_bench(benchmark, 1)
+def test_engine_decode_step_batch_1(benchmark, cpu_peaks) -> None:
+    _engine_step_bench(benchmark, 1, cpu_peaks)
 
 
-def test_engine_decode_step_batch_8(benchmark) -> None:
-    _engine_step_bench(benchmark, 8)
+def test_engine_decode_step_batch_8(benchmark, cpu_peaks) -> None:
+    _engine_step_bench(benchmark, 8, cpu_peaks)
 
 
-def test_engine_decode_step_batch_32(benchmark) -> None:
-    _engine_step_bench(benchmark, 32)
+def test_engine_decode_step_batch_32(benchmark, cpu_peaks) -> None:
+    _engine_step_bench(benchmark, 32, cpu_peaks)
