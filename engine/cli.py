@@ -7,6 +7,7 @@ entry-point group (a callable that takes the argparse subparsers), so engine/ ne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from importlib.metadata import entry_points
 
@@ -53,17 +54,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    llm = LLM(**_config_kwargs(engine_config_from_args(args)))
+    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.sampling_seed)
     if args.chat:
-        output = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
+        print(llm.chat([{"role": "user", "content": args.prompt}], params)[0].text)
     else:
-        output = llm.generate([args.prompt], params)[0]
-    if args.chat:
-        print(output.text)
-    else:
-        print(args.prompt + output.text)
+        print(args.prompt + llm.generate([args.prompt], params)[0].text)
     return 0
 
 
@@ -72,10 +69,6 @@ def _cmd_fetch_model(args: argparse.Namespace) -> int:
 
     print(fetch_smollm2())
     return 0
-
-
-def _config_kwargs(config: EngineConfig) -> dict[str, object]:
-    return {name: getattr(config, name) for name in config.__slots__}  # type: ignore[attr-defined]
 
 
 def build_parser() -> argparse.ArgumentParser:

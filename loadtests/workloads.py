@@ -117,15 +117,12 @@ class Mixed(Workload):
 
 
 @dataclass(slots=True)
-class LongContext(Workload):
+class LongContext(Mixed):
     """Long prompts, short answers: prefill- and KV-heavy."""
 
     name: ClassVar[str] = "long-context"
     prompt_range: tuple[int, int] = (768, 1000)
     output_range: tuple[int, int] = (16, 48)
-
-    def lengths(self, rng: random.Random) -> tuple[int, int]:
-        return rng.randint(*self.prompt_range), rng.randint(*self.output_range)
 
 
 @dataclass(slots=True)

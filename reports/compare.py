@@ -124,13 +124,18 @@ def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | Non
     return Comparison(runs)
 
 
+def is_regression(d: Delta, tolerance: float) -> bool:
+    """Worse than the baseline by more than ``tolerance``, relative to it."""
+    return d.is_better is False and d.relative is not None and abs(d.relative) > tolerance
+
+
 def regressions(comparison: Comparison, tolerance: float) -> list[str]:
     """Figures of any run worse than the baseline by more than ``tolerance`` (relative), in words."""
     out = []
     for run in comparison.runs[1:]:
         for fig in FIGURES:
             d = run.deltas[fig.key]
-            if d.is_better is False and d.relative is not None and abs(d.relative) > tolerance:
+            if is_regression(d, tolerance):
                 out.append(f"{run.label}: {fig.label} {run.values[fig.key]:.4g} vs {comparison.baseline.values[fig.key]:.4g} "
                            f"({d.relative:+.1%})")
     return out

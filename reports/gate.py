@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from reports.compare import FIGURES, compare
+from reports.compare import FIGURES, compare, is_regression
 
 DEFAULT_FLOORS = "gate_floors.toml"
 
@@ -89,8 +89,7 @@ def gate_serving(baseline_dir: str | os.PathLike[str], current_dir: str | os.Pat
         b, c = base.values[metric], current.values[metric]
         if b is None or c is None:
             continue
-        d = current.deltas[metric]
-        regressed = d.is_better is False and d.relative is not None and abs(d.relative) > allowed
+        regressed = is_regression(current.deltas[metric], allowed)
         direction = "lower" if better[metric] == "lower" else "higher"
         rows.append(GateRow(metric, b, c, f"{direction} is better; <= {allowed:.0%} worse", not regressed))
     return rows
