@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 
 from engine.config import EngineConfig
 from engine.engine_base import EngineBase, resolve_model
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, RunnerOutput
 from engine.observer import RequestEventKind, StepStats
 from engine.outputs import EngineStats, RequestOutput
 from engine.request import Request, RequestId, RequestStatus
-from engine.scheduler import Scheduler, SchedulerOutput, TokenUpdate
+from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, TokenUpdate
 from engine.weights import LoadedModel
+
+logger = logging.getLogger(__name__)
 
 
 def burn_host_overhead(milliseconds: float) -> float:
@@ -61,10 +65,18 @@ class LLMEngine(EngineBase):
             return []
         self._emit_schedule_events(sched, time.time())
         overhead_s = burn_host_overhead(self.config.host_overhead_ms)
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+            failed: list[tuple[ScheduledRequest, Exception]] = []
+        except Exception as exc:
+            result, failed = self._execute_isolated(sched, exc)
         t2 = time.perf_counter()
+        outputs = [self._fail(item.request, exc, time.time()) for item, exc in failed]
+        if failed:
+            failed_ids = {id(item) for item, _ in failed}
+            sched = dataclasses.replace(sched, scheduled=[s for s in sched.scheduled if id(s) not in failed_ids])
         updates = self.scheduler.update(sched, result.sampled)
-        outputs = self._process(sched, updates)
+        outputs += self._process(sched, updates)
         t3 = time.perf_counter()
         self.num_steps += 1
         if self.observers:
@@ -86,6 +98,40 @@ class LLMEngine(EngineBase):
             num_steps=self.num_steps, num_kv_slots_allocated=allocated, num_kv_slots_used=used,
         )
 
+    # -- fault isolation ----------------------------------------------------------------------
+    def _execute_isolated(self, sched: SchedulerOutput, batch_error: Exception
+                          ) -> tuple[RunnerOutput, list[tuple[ScheduledRequest, Exception]]]:
+        """The batch's forward raised: rerun each request alone so that only those that raise again fail.
+
+        Nothing has advanced yet (tokens count as computed only in ``Scheduler.update``), so a
+        rerun recomputes the same slots; a failed request's blocks are freed without caching them.
+        """
+        if len(sched.scheduled) == 1:
+            return RunnerOutput({}, 0.0, 0.0, 0.0), [(sched.scheduled[0], batch_error)]
+        logger.warning("a batch of %d failed (%r); rerunning its requests one by one", len(sched.scheduled),
+                       batch_error)
+        merged = RunnerOutput({}, 0.0, 0.0, 0.0)
+        failed: list[tuple[ScheduledRequest, Exception]] = []
+        for item in sched.scheduled:
+            try:
+                alone = self.runner.execute(SchedulerOutput(scheduled=[item]))
+            except Exception as exc:
+                failed.append((item, exc))
+                continue
+            merged.sampled.update(alone.sampled)
+            merged.prepare_s += alone.prepare_s
+            merged.forward_s += alone.forward_s
+            merged.sample_s += alone.sample_s
+        return merged, failed
+
+    def _fail(self, request: Request, error: Exception, now: float) -> RequestOutput:
+        """Finish one request with ``finish_reason="error"``, freeing its blocks; the others go on."""
+        logger.error("request %s failed: %r", request.request_id, error)
+        if self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ERROR) is None:
+            request.status = RequestStatus.FINISHED_ERROR  # the scheduler had already finished it
+        self.runner.sampler.release(request.request_id)
+        return self.outputs.error_output(request, f"{type(error).__name__}: {error}", now)
+
     # -- helpers ------------------------------------------------------------------------------
     def _emit_schedule_events(self, sched: SchedulerOutput, now: float) -> None:
         """Preemptions and admissions, stamped when the scheduler decided them (before the forward)."""
@@ -99,17 +145,23 @@ class LLMEngine(EngineBase):
         now = time.time()
         outputs: list[RequestOutput] = []
         for update in updates:
-            request = update.request
-            assert update.new_token_id is not None
-            if self.outputs.add_token(request, update.new_token_id) is not None:
-                if request.is_finished:  # the same token also hit a length limit: the stop string wins
-                    request.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-            if request.is_finished:
-                self.runner.sampler.release(request.request_id)
-            outputs.append(self.outputs.make_output(request, update.new_token_id, now))
+            try:
+                outputs.append(self._process_one(update, now))
+            except Exception as exc:  # e.g. detokenizing this request's token: it fails alone
+                outputs.append(self._fail(update.request, exc, now))
         return outputs
+
+    def _process_one(self, update: TokenUpdate, now: float) -> RequestOutput:
+        request = update.request
+        assert update.new_token_id is not None
+        if self.outputs.add_token(request, update.new_token_id) is not None:
+            if request.is_finished:  # the same token also hit a length limit: the stop string wins
+                request.status = RequestStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        if request.is_finished:
+            self.runner.sampler.release(request.request_id)
+        return self.outputs.make_output(request, update.new_token_id, now)
 
     def _step_stats(self, sched: SchedulerOutput, start_time: float, schedule_s: float, prepare_s: float,
                     forward_s: float, sample_s: float, output_s: float, overhead_s: float) -> StepStats:

@@ -84,6 +84,20 @@ class OutputProcessor:
             self.release(request, now)
         return output
 
+    def error_output(self, request: Request, error: str, now: float) -> RequestOutput:
+        """The last output of a request the engine failed: what it had produced, and why it stopped."""
+        detok = self._detokenizers.get(request.request_id)
+        if detok is not None:
+            detok.flush()
+        output = RequestOutput(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids, text=detok.text if detok is not None else "", finished=True,
+            finish_reason=request.finish_reason, num_cached_tokens=request.num_cached_tokens,
+            num_preemptions=request.num_preemptions, error=error,
+        )
+        self.release(request, now)
+        return output
+
     def release(self, request: Request, now: float) -> None:
         """Forget a finished request and announce it."""
         if self._detokenizers.pop(request.request_id, None) is not None:

@@ -22,6 +22,7 @@ class RequestOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
 
 
 @dataclass(slots=True)

@@ -221,7 +221,11 @@ class AsyncEngine:
             if tracked is None:
                 continue  # aborted after the step was scheduled
             tracked.timer.on_output(now, output)
-            deliveries.append((tracked.stream, output))
+            if output.error is not None:  # the engine failed this request alone; the batch went on
+                deliveries.append((tracked.stream, RequestFailedError(
+                    f"the engine failed while running this request: {output.error}")))
+            else:
+                deliveries.append((tracked.stream, output))
             if output.finished:
                 del self._streams[output.request_id]
         self._deliver(deliveries)

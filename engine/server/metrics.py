@@ -45,6 +45,8 @@ class ServerMetrics:
                                           labels, registry=self.registry).labels(model_name)
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                 [*labels, "finished_reason"], registry=self.registry)
+        self._errors = Counter("servescope:request_errors", "Requests the engine failed (answered with an error).",
+                               labels, registry=self.registry).labels(model_name)
         self._model_name = model_name
         self.registry.register(EngineStatsCollector(model_name, stats))
 
@@ -73,7 +75,10 @@ class ServerMetrics:
     def observe_finished(self, seconds: float, finish_reason: str | None) -> None:
         """A request that finished ``seconds`` after it arrived."""
         self._e2e.observe(seconds)
-        self._success.labels(self._model_name, finish_reason or "unknown").inc()
+        if finish_reason == "error":
+            self._errors.inc()
+        else:
+            self._success.labels(self._model_name, finish_reason or "unknown").inc()
 
 
 class RequestTimer:

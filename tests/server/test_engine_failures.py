@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -100,3 +101,57 @@ def test_requests_after_the_engine_stopped_are_503_with_retry_after(tiny_loaded:
         assert httpx.get(f"{live.url}/health", timeout=30).status_code == 503
     finally:
         stop_server(live)
+
+
+POISON_TOKEN = 13  # test-only: a forward whose batch holds a prompt with this token raises
+GOOD_PROMPTS = [[5, 6, 7], [8] * 20, [9, 10]]
+
+
+@pytest.fixture(scope="module")
+def poisonable(tiny_loaded: LoadedModel) -> Iterator[LiveServer]:
+    """Steps burn 5 ms of host time, so 200-token requests stay in flight for a second or more."""
+    live = start_server(tiny_engine(tiny_loaded, host_overhead_ms=5), ServerSettings())
+    yield live
+    stop_server(live)
+
+
+def _completion_text(url: str, prompt: list[int]) -> str:
+    response = httpx.post(f"{url}/completions", timeout=60,
+                          json={"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0,
+                                "ignore_eos": True})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def test_a_poisoned_request_is_a_500_and_the_rest_of_its_batch_completes(poisonable: LiveServer) -> None:
+    expected = [_completion_text(poisonable.api_url, prompt) for prompt in GOOD_PROMPTS]
+    engine: LLMEngine = poisonable.engine  # type: ignore[assignment]
+    original = engine.runner.execute
+    failed_batch_sizes: list[int] = []
+
+    def execute(out):  # type: ignore[no-untyped-def]
+        if any(POISON_TOKEN in item.request.prompt_token_ids for item in out.scheduled):
+            failed_batch_sizes.append(len(out.scheduled))
+            raise RuntimeError("injected: this request breaks the forward")
+        return original(out)
+
+    engine.runner.execute = execute  # type: ignore[method-assign]
+    try:
+        with ThreadPoolExecutor(len(GOOD_PROMPTS)) as pool:
+            good = [pool.submit(_completion_text, poisonable.api_url, prompt) for prompt in GOOD_PROMPTS]
+            poisonable.wait_until(lambda s: s.num_running == len(GOOD_PROMPTS), timeout_s=30)
+            poisoned = httpx.post(f"{poisonable.api_url}/completions", timeout=60,
+                                  json={"model": MODEL, "prompt": [4, POISON_TOKEN, 4], "max_tokens": 200})
+            texts = [future.result(timeout=60) for future in good]
+    finally:
+        engine.runner.execute = original  # type: ignore[method-assign]
+    assert poisoned.status_code == 500
+    error = poisoned.json()["error"]
+    assert error["type"] == "server_error" and "injected" in error["message"]
+    assert max(failed_batch_sizes) > 1, "the poisoned request never shared a batch with the others"
+    assert texts == expected
+    idle = poisonable.wait_idle()
+    assert idle.num_kv_blocks_free == idle.num_kv_blocks
+    metrics = httpx.get(f"{poisonable.url}/metrics", timeout=30).text
+    assert any(line.startswith("servescope:request_errors_total") and line.endswith(" 1.0")
+               for line in metrics.splitlines())

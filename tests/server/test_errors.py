@@ -139,8 +139,11 @@ def test_server_still_serves_after_bad_requests(client: httpx.Client, live_serve
 
 @pytest.fixture(scope="module")
 def one_slot_server(tiny_loaded: LoadedModel) -> Iterator[LiveServer]:
-    """One running sequence at a time and room for one waiting request: the third in line is refused."""
-    live = start_server(tiny_engine(tiny_loaded, max_num_seqs=1), ServerSettings(max_waiting=1))
+    """One running sequence at a time and room for one waiting request: the third in line is refused.
+
+    Each step burns 10 ms of host time, so the first request's 1000 tokens outlast the test on any machine.
+    """
+    live = start_server(tiny_engine(tiny_loaded, max_num_seqs=1, host_overhead_ms=10), ServerSettings(max_waiting=1))
     yield live
     stop_server(live)
 
