@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 from importlib.metadata import entry_points
 
@@ -98,10 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def ends_like_ctrl_c_on_sigterm() -> None:
+    """SIGTERM raises SystemExit(143) instead of killing the process outright, so ``finally`` blocks
+    and context managers run: the children a command started (Locust, a probed server) are stopped
+    and the run directory is closed, as on Ctrl-C. Left alone if someone already handles SIGTERM."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    ends_like_ctrl_c_on_sigterm()
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("servescope: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as exc:
         print(f"servescope: error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import pandas as pd
 from loadtests.config import LoadConfig
 from loadtests.errors import LocustFailedError
 from loadtests.load_context import API_KEY_ENV
+from loadtests.processes import kill_group, spawn
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 CSV_PREFIX = "locust"
@@ -79,24 +80,22 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
     limit_s = config.run_time_s + 2 * config.stop_timeout_s + RUN_TIME_MARGIN_S + STARTUP_ALLOWANCE_S
     started = time.monotonic()
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(locust_command(config, url, run_dir, model), stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = spawn(locust_command(config, url, run_dir, model), stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         try:
             while process.poll() is None:
                 elapsed = time.monotonic() - started
                 if elapsed > limit_s:
-                    process.kill()
-                    process.wait()
+                    kill_group(process)
                     raise LocustFailedError(f"Locust ran past {limit_s:.0f} s and was killed; see {log_path}")
                 if on_tick is not None:
                     on_tick(elapsed)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(TICK_S)
-        except BaseException:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        except BaseException:  # Ctrl-C, SIGTERM (see engine.cli), a failed tick: no worker outlives us
+            kill_group(process)
             raise
+        kill_group(process)  # workers a crashed master left behind
     wall_s = time.monotonic() - started
     stats_csv = run_dir / f"{CSV_PREFIX}_stats.csv"
     if process.returncode != 0 or not stats_csv.is_file():

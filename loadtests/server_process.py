@@ -7,7 +7,6 @@ so there is no window in which another process can take the port between choosin
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from types import TracebackType
 from typing import IO
 
 from loadtests.errors import ServerFailedError
+from loadtests.processes import spawn, stop_group
 
 SERVER_LOG = "server.log"
 PORT_FILE = ".server-port.json"
@@ -61,7 +61,7 @@ class ServerProcess:
                 "--host", self.host, "--port", "0", "--port-file", str(port_file), "--log-level", "warning",
                 *self.serve_argv]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._process = spawn(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_healthy(self, timeout_s: float, on_wait: Callable[[float], None] | None = None) -> None:
         """Block until ``/health`` answers 200; ``on_wait(elapsed)`` is called between polls."""
@@ -91,14 +91,7 @@ class ServerProcess:
         if process is None:
             return None
         try:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            return process.returncode
+            return stop_group(process, timeout_s)
         finally:
             if self._log is not None:
                 self._log.close()

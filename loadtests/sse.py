@@ -92,11 +92,15 @@ class StreamTimer:
                 timing.end_time = now
 
     def finish(self) -> StreamTiming:
-        """The timing once the body has ended; a stream cut short without a finish is an error."""
+        """The timing once the body has ended; a stream cut short without a finish is an error.
+
+        A stream that reaches ``[DONE]`` with content but no ``finish_reason`` (llama-cpp-python's
+        server sends these) is complete: it ends at its last content chunk, reason unknown.
+        """
         timing = self.timing
         if timing.end_time is None:
             timing.end_time = timing.token_times[-1] if timing.token_times else timing.last_event_time
-            if timing.error is None:
+            if timing.error is None and not (timing.is_done and timing.token_times):
                 timing.error = "the stream ended without a finish_reason"
         return timing
 

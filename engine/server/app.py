@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 import uuid
@@ -17,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.server.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, QueueFullError
+from engine.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from engine.server.errors import APIError, bad_request, install_error_handlers
 from engine.server.inputs import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -52,6 +54,7 @@ class ServerSettings:
     api_key: str | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
     engine_stop_timeout_s: float = 30.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> FastAPI:
@@ -71,6 +74,7 @@ def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> 
                   lifespan=lifespan)
     app.state.async_engine = async_engine
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.include_router(_ops_router(async_engine))
     auth = [Depends(_api_key_checker(settings.api_key))] if settings.api_key else []
     app.include_router(_openai_router(async_engine), prefix="/v1", dependencies=auth)
@@ -179,12 +183,14 @@ def _unavailable(exc: Exception) -> APIError:
 
 
 def _api_key_checker(api_key: str) -> Callable[[Request], Awaitable[None]]:
-    expected = api_key.encode()
+    expected = hashlib.sha256(api_key.encode()).digest()
 
     async def check_api_key(request: Request) -> None:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        # NOTE: compare_digest takes time independent of where the keys differ (no timing oracle).
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        # NOTE: compare_digest over fixed-length digests takes the same time wherever the keys
+        # differ and whatever their lengths: no timing oracle for the key or its length.
+        offered = hashlib.sha256(token.strip().encode()).digest()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(offered, expected):
             raise APIError(HTTPStatus.UNAUTHORIZED,
                            "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

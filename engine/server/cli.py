@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import ipaddress
 import os
@@ -35,6 +36,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
                        help="requests admitted but not yet running, past which new ones get 429 with Retry-After")
+    serve.add_argument("--max-body-bytes", type=int, default=None,
+                       help="request bodies over this many bytes get 413 before they are read (default 4 MiB)")
     serve.add_argument("--api-key", default=None,
                        help=f"require 'Authorization: Bearer KEY' on /v1 routes (or set ${API_KEY_ENV})")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -77,11 +80,16 @@ def run_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.max_body_bytes is not None and args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if not _is_loopback(args.host) and api_key is None:
         print(f"servescope: warning: serving on {args.host} without --api-key; anyone who can reach it can use it",
               file=sys.stderr)
     engine = build_engine(args.engine, engine_config_from_args(args))
-    app = build_app(engine, ServerSettings(api_key=api_key, max_waiting=args.max_waiting))
+    settings = ServerSettings(api_key=api_key, max_waiting=args.max_waiting)
+    if args.max_body_bytes is not None:
+        settings = dataclasses.replace(settings, max_body_bytes=args.max_body_bytes)
+    app = build_app(engine, settings)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.shutdown_timeout)
     server = uvicorn.Server(config)

@@ -81,6 +81,20 @@ def test_a_stream_cut_short_is_an_error() -> None:
     assert timer.finish().error == "the stream ended without a finish_reason"
 
 
+def test_done_without_a_finish_reason_is_complete_at_the_last_content_chunk() -> None:
+    timer = StreamTimer("completions")
+    feed(timer, [(1.0, text_chunk("a")), (2.0, text_chunk("b")), (2.5, "data: [DONE]")])
+    timing = timer.finish()
+    assert timing.error is None and timing.finish_reason is None
+    assert (timing.end_time, timing.num_output_tokens) == (2.0, 2)
+
+
+def test_done_without_any_content_or_finish_is_an_error() -> None:
+    timer = StreamTimer("completions")
+    feed(timer, [(1.0, "data: [DONE]")])
+    assert timer.finish().error == "the stream ended without a finish_reason"
+
+
 def test_garbage_data_is_reported_not_raised() -> None:
     timer = StreamTimer("completions")
     feed(timer, [(1.0, "data: {not json"), (2.0, text_chunk("a", finish="stop"))])
