@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -15,6 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
+
+
+class ErrorResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error may quote client input, lone surrogates included,
+    which UTF-8 cannot encode; escaped, every message renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 class APIError(Exception):
@@ -34,7 +43,7 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def to_response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def error_body(message: str, type: str = INVALID_REQUEST, param: str | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -66,14 +67,28 @@ def _error(response: httpx.Response, status: int) -> dict[str, object]:
         ({"prompt": [100000]}, "prompt", "token ids must be integers"),
         ({"prompt": TOO_LONG}, "prompt", "maximum context length is 1024"),
         ({"prompt": "twelve bytes", "max_tokens": 1020}, "max_tokens", "maximum context length is 1024"),
+        ({"prompt": "a\ud800b"}, "prompt", "lone surrogate"),  # found by tests/server/test_fuzz.py
+        ({"prompt": ["\udfff"]}, "prompt", "lone surrogate"),
     ],
 )
 def test_bad_completion_parameters_are_400(client: httpx.Client, change: dict[str, object], param: str | None,
                                            words: str) -> None:
-    error = _error(client.post("/completions", json={**OK_COMPLETION, **change}), 400)
+    # NOTE: json.dumps escapes non-ASCII, so lone surrogates travel as \\u escapes, as JSON allows.
+    body = json.dumps({**OK_COMPLETION, **change})
+    error = _error(client.post("/completions", content=body, headers={"content-type": "application/json"}), 400)
     assert error["type"] == "invalid_request_error"
     assert words in str(error["message"])
     assert error["param"] == param
+
+
+def test_lone_surrogates_are_400_in_chat_and_echoed_safely(client: httpx.Client) -> None:
+    chat = client.post("/chat/completions", content=json.dumps({**OK_CHAT, "messages": [{"role": "user",
+                       "content": "\ud83d"}]}), headers={"content-type": "application/json"})
+    assert "lone surrogate" in str(_error(chat, 400)["message"])
+    # A field named with a lone surrogate is refused with a 400 (the error renders, escaped), not a 500.
+    raw = b'{"model": "dummy:tiny", "prompt": "hi", "\\ud800": 1}'
+    echoed = client.post("/completions", content=raw, headers={"content-type": "application/json"})
+    _error(echoed, 400)
 
 
 @pytest.mark.parametrize(
