@@ -116,18 +116,29 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query per sequence: two small batched matmuls and a masked softmax, in float32 or wider.
+
+    NOTE: measured on CPU, this beats a masked SDPA call (about 4x in bfloat16, where SDPA's
+    CPU flash kernel is slow for single-token queries), and index_select beats fancy indexing
+    for the block gather.
+    """
     assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
-    block_size = k_cache.shape[1]
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_len = max(meta.seq_lens[i] for i in meta.decode_ids)  # from the host list: no device sync
     num_blocks = -(-max_len // block_size)
-    tables = meta.decode_block_tables[:, :num_blocks]  # [Bd, nb]
-    keys = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)  # [Bd, KVH, S, D]
-    values = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    mask = torch.arange(max_len, device=query.device).unsqueeze(0) < meta.decode_seq_lens.unsqueeze(1)  # [Bd, S]
-    attn = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
-    )  # [Bd, H, 1, D]
-    return attn.squeeze(2)
+    flat_tables = meta.decode_block_tables[:, :num_blocks].reshape(-1)
+    gathered = (num_seqs, num_blocks * block_size, num_kv_heads, head_dim)
+    keys = k_cache.index_select(0, flat_tables).view(gathered)[:, :max_len]  # [Bd, S, KVH, D]
+    values = v_cache.index_select(0, flat_tables).view(gathered)[:, :max_len]
+    # Query head h reads KV head h // group, as in HF's repeat_kv.
+    acc = torch.promote_types(query.dtype, torch.float32)  # float32 at least (float64 stays float64)
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(acc)
+    scores = torch.matmul(q, keys.permute(0, 2, 3, 1).to(acc)) * scale  # [Bd, KVH, G, S]
+    pad = torch.arange(max_len, device=query.device).unsqueeze(0) >= meta.decode_seq_lens.unsqueeze(1)  # [Bd, S]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    out = torch.matmul(scores.softmax(-1), values.permute(0, 2, 1, 3).to(acc))  # [Bd, KVH, G, D]
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
 class AttentionBackend(Protocol):
