@@ -22,7 +22,7 @@ import pytest
 from loadtests.server_process import ServerProcess
 from tests.server.conftest import MODEL
 
-SOAK_S = float(os.environ.get("SERVESCOPE_SOAK_S", "30"))
+SOAK_S = float(os.environ.get("SERVESCOPE_SOAK_S", "20"))
 WARMUP_S = min(60.0, max(8.0, SOAK_S / 5))
 CLIENTS_PER_ROUND = 12
 MAX_RSS_GROWTH = 0.05
