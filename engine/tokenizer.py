@@ -224,7 +224,16 @@ class Tokenizer:
         return self._backend
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; special tokens written in the text map to their single ids."""
+        """Token ids of ``text``; special tokens written in the text map to their single ids.
+
+        ValueError for text that is not valid Unicode: JSON's and Python's ``\\u`` escapes can
+        carry lone UTF-16 surrogates, which the tokenizer backend cannot take.
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[exc.start]!r} at "
+                             f"character {exc.start}") from exc
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

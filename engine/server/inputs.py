@@ -25,11 +25,7 @@ def completion_prompt_ids(body: CompletionRequest, tokenizer: Tokenizer) -> list
             raise bad_request(f"batched prompts are not supported: send one prompt per request, got {len(prompt)}",
                               param="prompt")
         prompt = prompt[0]  # type: ignore[assignment]
-    if isinstance(prompt, str):
-        _check_text(prompt, "prompt")
-        ids = tokenizer.encode(prompt, add_special_tokens=True)
-    else:
-        ids = list(prompt)
+    ids = _encode(tokenizer, prompt, "prompt") if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise bad_request("the prompt is empty", param="prompt")
     return ids  # type: ignore[return-value]
@@ -42,20 +38,18 @@ def chat_prompt_ids(body: ChatCompletionRequest, tokenizer: Tokenizer) -> list[i
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    _check_text(prompt, "messages")
-    ids = tokenizer.encode(prompt, add_special_tokens=True)
+    ids = _encode(tokenizer, prompt, "messages")
     if not ids:
         raise bad_request("the chat template rendered an empty prompt", param="messages")
     return ids
 
 
-def _check_text(text: str, param: str) -> None:
-    """JSON's \\u escapes can carry lone UTF-16 surrogates, which are not text: refuse them up front."""
+def _encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+    """Token ids of ``text`` as the offline ``LLM.generate`` encodes it; text the tokenizer refuses is a 400."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise bad_request(f"{param} is not valid Unicode text: a lone surrogate {text[exc.start]!r} at "
-                          f"character {exc.start}", param=param) from exc
+        return tokenizer.encode(text, add_special_tokens=True)
+    except ValueError as exc:
+        raise bad_request(f"{param}: {exc}", param=param) from exc
 
 
 def check_supported(body: CompletionRequest | ChatCompletionRequest) -> None:

@@ -31,6 +31,11 @@ def test_byte_level_roundtrip(text: str) -> None:
     assert tokenizer.decode(ids) == text
 
 
+def test_text_with_a_lone_surrogate_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="lone surrogate '\\\\ud800' at character 1"):
+        Tokenizer.byte_level(512).encode("a\ud800b")
+
+
 def test_byte_level_specials_are_single_ids() -> None:
     tokenizer = Tokenizer.byte_level(300)
     assert tokenizer.vocab_size == 300
