@@ -111,17 +111,21 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command: 2 with a one-line message for bad input, 130 on Ctrl-C, 143 on SIGTERM."""
     ends_like_ctrl_c_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("servescope: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"servescope: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -192,18 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m loadtests.cli {load,diagnose} ...``: the same commands without the entry points."""
     parser = argparse.ArgumentParser(prog="servescope")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    from engine.cli import ends_like_ctrl_c_on_sigterm
+    from engine.cli import run_command
 
-    ends_like_ctrl_c_on_sigterm()
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("servescope: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"servescope: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
