@@ -3,14 +3,14 @@ its batch finishes with the tokens it would have produced on its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import RequestOutput
+from engine.request import Request
 from engine.scheduler import SchedulerOutput
 from engine.weights import LoadedModel, load_model
+from tests.faults import poisoned_forward
 
 POISON_TOKEN = 13  # test-only: a forward whose batch holds a prompt with this token raises
 GOOD_PROMPTS = [[5, 6, 7], [8] * 30, [9, 10], [21, 22, 23, 24]]
@@ -25,21 +25,6 @@ def tiny_loaded() -> LoadedModel:
 
 def make_engine(loaded: LoadedModel) -> LLMEngine:
     return LLMEngine(EngineConfig(model="dummy:tiny", execution="eager", num_kv_blocks=64), loaded)
-
-
-def poison_forward(engine: LLMEngine, is_poisoned: Callable[[list[int]], bool]) -> list[int]:
-    """Make the model runner raise for any batch holding a poisoned prompt; returns the failed batch sizes."""
-    original = engine.runner.execute
-    failed_batch_sizes: list[int] = []
-
-    def execute(out: SchedulerOutput) -> object:
-        if any(is_poisoned(item.request.prompt_token_ids) for item in out.scheduled):
-            failed_batch_sizes.append(len(out.scheduled))
-            raise RuntimeError("injected: this request breaks the forward")
-        return original(out)
-
-    engine.runner.execute = execute  # type: ignore[method-assign]
-    return failed_batch_sizes
 
 
 def run_all(engine: LLMEngine, prompts: list[list[int]], late: list[list[int]] = ()) -> dict[str, RequestOutput]:
@@ -60,8 +45,8 @@ def run_all(engine: LLMEngine, prompts: list[list[int]], late: list[list[int]] =
 def test_a_poisoned_request_fails_alone_and_its_batch_completes(tiny_loaded: LoadedModel) -> None:
     alone = [run_all(make_engine(tiny_loaded), [p]) for p in GOOD_PROMPTS]
     engine = make_engine(tiny_loaded)
-    failed_batches = poison_forward(engine, lambda ids: POISON_TOKEN in ids)
-    finals = list(run_all(engine, GOOD_PROMPTS[:2], late=[POISONED_PROMPT, *GOOD_PROMPTS[2:]]).values())
+    with poisoned_forward(engine, lambda request: POISON_TOKEN in request.prompt_token_ids) as failed_batches:
+        finals = list(run_all(engine, GOOD_PROMPTS[:2], late=[POISONED_PROMPT, *GOOD_PROMPTS[2:]]).values())
     poisoned = finals[2]
     assert poisoned.finished and poisoned.finish_reason == "error"
     assert "injected" in (poisoned.error or "") and poisoned.token_ids == []
@@ -75,17 +60,13 @@ def test_a_poisoned_request_fails_alone_and_its_batch_completes(tiny_loaded: Loa
 
 def test_a_request_failing_mid_decode_keeps_its_tokens_so_far(tiny_loaded: LoadedModel) -> None:
     engine = make_engine(tiny_loaded)
+
     # Poisoned once it has generated 4 tokens: it fails mid-decode while the other keeps going.
-    original = engine.runner.execute
+    def mid_decode(request: Request) -> bool:
+        return request.prompt_token_ids == POISONED_PROMPT and request.num_output_tokens >= 4
 
-    def execute(out: SchedulerOutput) -> object:
-        if any(item.request.prompt_token_ids == POISONED_PROMPT and item.request.num_output_tokens >= 4
-               for item in out.scheduled):
-            raise RuntimeError("injected: mid-decode")
-        return original(out)
-
-    engine.runner.execute = execute  # type: ignore[method-assign]
-    finals = list(run_all(engine, [POISONED_PROMPT, GOOD_PROMPTS[0]]).values())
+    with poisoned_forward(engine, mid_decode):
+        finals = list(run_all(engine, [POISONED_PROMPT, GOOD_PROMPTS[0]]).values())
     assert finals[0].finish_reason == "error" and len(finals[0].token_ids) == 4
     assert finals[0].text == engine.tokenizer.decode(finals[0].token_ids)
     assert finals[1].finish_reason == "length" and len(finals[1].token_ids) == PARAMS.max_tokens

@@ -29,11 +29,17 @@ def servescope_command() -> list[str]:
     return [sys.executable, "-m", "loadtests.cli"]
 
 
+def cli_env() -> dict[str, str]:
+    """The environment for ``servescope_command()``.
+
+    NOTE: the checkout goes on PYTHONPATH by absolute path, so the fallback works from any cwd.
+    """
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def run_cli(*args: str, timeout_s: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    # NOTE: the checkout goes on PYTHONPATH by absolute path, so the fallback works from any cwd.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([*servescope_command(), *args], capture_output=True, text=True, timeout=timeout_s,
-                          cwd=cwd, env=env)
+                          cwd=cwd, env=cli_env())
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ Ctrl-C, not on SIGTERM, not when Locust dies under it; and the server's run file
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -13,17 +12,16 @@ import psutil
 import pytest
 
 from probes.loader import load_run
-from tests.loadtests.conftest import FAST_LOAD, MODEL, REPO_ROOT, servescope_command
+from tests.loadtests.conftest import FAST_LOAD, MODEL, cli_env, servescope_command
 
 START_TIMEOUT_S = 180.0
 
 
 def start_diagnose(out: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     argv = [*servescope_command(), "diagnose", "--model", MODEL, "--duration", "120", "--warmup", "1",
             "--users", "2", *FAST_LOAD, "--out", str(out)]
     with open(log, "wb") as sink:
-        return subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=cli_env())
 
 
 def wait_for_children(process: subprocess.Popen[bytes], log: Path, out: Path

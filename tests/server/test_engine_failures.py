@@ -15,6 +15,7 @@ from engine.server.app import ServerSettings
 from engine.server.async_engine import AsyncEngine
 from engine.server.request_stream import EngineUnavailableError
 from engine.weights import LoadedModel
+from tests.faults import poisoned_forward
 from tests.server.conftest import MODEL, LiveServer, next_events, start_server, stop_server, tiny_engine
 
 BODY = {"model": MODEL, "prompt": "doomed", "max_tokens": 4, "ignore_eos": True}
@@ -126,25 +127,13 @@ def _completion_text(url: str, prompt: list[int]) -> str:
 def test_a_poisoned_request_is_a_500_and_the_rest_of_its_batch_completes(poisonable: LiveServer) -> None:
     expected = [_completion_text(poisonable.api_url, prompt) for prompt in GOOD_PROMPTS]
     engine: LLMEngine = poisonable.engine  # type: ignore[assignment]
-    original = engine.runner.execute
-    failed_batch_sizes: list[int] = []
-
-    def execute(out):  # type: ignore[no-untyped-def]
-        if any(POISON_TOKEN in item.request.prompt_token_ids for item in out.scheduled):
-            failed_batch_sizes.append(len(out.scheduled))
-            raise RuntimeError("injected: this request breaks the forward")
-        return original(out)
-
-    engine.runner.execute = execute  # type: ignore[method-assign]
-    try:
-        with ThreadPoolExecutor(len(GOOD_PROMPTS)) as pool:
-            good = [pool.submit(_completion_text, poisonable.api_url, prompt) for prompt in GOOD_PROMPTS]
-            poisonable.wait_until(lambda s: s.num_running == len(GOOD_PROMPTS), timeout_s=30)
-            poisoned = httpx.post(f"{poisonable.api_url}/completions", timeout=60,
-                                  json={"model": MODEL, "prompt": [4, POISON_TOKEN, 4], "max_tokens": 200})
-            texts = [future.result(timeout=60) for future in good]
-    finally:
-        engine.runner.execute = original  # type: ignore[method-assign]
+    with poisoned_forward(engine, lambda request: POISON_TOKEN in request.prompt_token_ids) as failed_batch_sizes, \
+            ThreadPoolExecutor(len(GOOD_PROMPTS)) as pool:
+        good = [pool.submit(_completion_text, poisonable.api_url, prompt) for prompt in GOOD_PROMPTS]
+        poisonable.wait_until(lambda s: s.num_running == len(GOOD_PROMPTS), timeout_s=30)
+        poisoned = httpx.post(f"{poisonable.api_url}/completions", timeout=60,
+                              json={"model": MODEL, "prompt": [4, POISON_TOKEN, 4], "max_tokens": 200})
+        texts = [future.result(timeout=60) for future in good]
     assert poisoned.status_code == 500
     error = poisoned.json()["error"]
     assert error["type"] == "server_error" and "injected" in error["message"]
