@@ -73,13 +73,8 @@ class OutputProcessor:
         if request.is_finished:
             detok.flush()
         self.emit(request, RequestEventKind.TOKEN, now)
-        output = RequestOutput(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.output_token_ids, text=detok.text, new_token_ids=[token_id],
-            new_text=detok.take_delta(request.is_finished), finished=request.is_finished,
-            finish_reason=request.finish_reason, stop_reason=request.stop_reason,
-            num_cached_tokens=request.num_cached_tokens, num_preemptions=request.num_preemptions,
-        )
+        output = self._output(request, detok.text, new_token_ids=[token_id],
+                              new_text=detok.take_delta(request.is_finished))
         if request.is_finished:
             self.release(request, now)
         return output
@@ -89,14 +84,19 @@ class OutputProcessor:
         detok = self._detokenizers.get(request.request_id)
         if detok is not None:
             detok.flush()
-        output = RequestOutput(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.output_token_ids, text=detok.text if detok is not None else "", finished=True,
-            finish_reason=request.finish_reason, num_cached_tokens=request.num_cached_tokens,
-            num_preemptions=request.num_preemptions, error=error,
-        )
+        output = self._output(request, detok.text if detok is not None else "", error=error)
         self.release(request, now)
         return output
+
+    @staticmethod
+    def _output(request: Request, text: str, new_token_ids: list[int] | None = None, new_text: str = "",
+                error: str | None = None) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids, text=text, new_token_ids=new_token_ids or [], new_text=new_text,
+            finished=request.is_finished, finish_reason=request.finish_reason, stop_reason=request.stop_reason,
+            num_cached_tokens=request.num_cached_tokens, num_preemptions=request.num_preemptions, error=error,
+        )
 
     def release(self, request: Request, now: float) -> None:
         """Forget a finished request and announce it."""
