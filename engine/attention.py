@@ -118,9 +118,9 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query per sequence: two small batched matmuls and a masked softmax, in float32 or wider.
 
-    NOTE: measured on CPU, this beats a masked SDPA call (about 4x in bfloat16, where SDPA's
-    CPU flash kernel is slow for single-token queries), and index_select beats fancy indexing
-    for the block gather.
+    NOTE: measured on CPU at batch 16, this and the index_select gather took a bfloat16 step from
+    140 to 108 ms against a masked SDPA call over a fancy-indexed gather (SDPA's CPU flash kernel
+    alone took 54 ms: it is slow for single-token queries); float32 went from 187 to 159 ms.
     """
     assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
     num_seqs, num_heads, head_dim = query.shape
