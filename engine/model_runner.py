@@ -55,6 +55,8 @@ class ModelRunner:
         self.model.model.layers[0].self_attn.rotary.move_to(self.device)  # shared by every layer
         if config.execution == "optimized":
             self.model.fuse_projections()
+            if self.device.type == "cpu":
+                self.model.pack_projections()
         self.attention_backend = self._attention_backend()
         self.model.set_attention_backend(self.attention_backend)
         self.kv_caches = self._allocate_kv_cache()

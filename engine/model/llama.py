@@ -8,8 +8,10 @@ from torch import nn
 
 from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata
 from engine.model.config import LlamaConfig
+from engine.model.projection import Projection, dense, packed_or_dense
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # per layer: K and V, [num_blocks, block_size, KVH, D]
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin ``[T, 1, D/2]`` of this step's positions
 
 
 class RMSNorm(nn.Module):
@@ -44,10 +46,14 @@ class RotaryEmbedding(nn.Module):
         self.cos = self.cos.to(device)
         self.sin = self.sin.to(device)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def lookup(self, positions: torch.Tensor) -> Rope:
+        """The tables' rows for this step's positions, looked up once and shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
         """x ``[T, heads, D]`` rotated by each token's position."""
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = rope
         x32 = x.float()
         x1, x2 = x32.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
@@ -79,27 +85,38 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.rotary = rotary
         self.qkv_weight: torch.Tensor | None = None  # [(H + 2 KVH) * D, hidden] once fused
+        self.qkv_op: Projection | None = None  # the fused GEMM, dense or prepacked
+        self.o_op: Projection | None = None  # set when prepacked
         self.backend: AttentionBackend = TORCH_BACKEND
 
     def fuse(self) -> None:
         """One GEMM for Q, K and V instead of three (same weights, concatenated)."""
         self.qkv_weight = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_op = dense(self.qkv_weight)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def pack(self) -> None:
+        """Prepack the fused QKV and the output projection for the CPU GEMM library."""
+        assert self.qkv_weight is not None, "fuse before packing"
+        self.qkv_op = packed_or_dense(self.qkv_weight)
+        self.o_op = packed_or_dense(self.o_proj.weight)
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight).split([q_size, kv_size, kv_size], dim=-1)
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_op is not None:
+            qkv = self.qkv_op(x)
+            # NOTE: Q and K sit side by side in the fused output, so one rotation covers both.
+            qk = self.rotary.rotate(qkv[:, :(heads + kv_heads) * head_dim].view(num_tokens, -1, head_dim), rope)
+            q, k = qk.split([heads, kv_heads], dim=1)
+            v = qkv[:, (heads + kv_heads) * head_dim:].view(num_tokens, kv_heads, head_dim)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self.rotary(q.reshape(num_tokens, self.num_heads, self.head_dim), positions)
-        k = self.rotary(k.reshape(num_tokens, self.num_kv_heads, self.head_dim), positions)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+            q = self.rotary.rotate(self.q_proj(x).view(num_tokens, heads, head_dim), rope)
+            k = self.rotary.rotate(self.k_proj(x).view(num_tokens, kv_heads, head_dim), rope)
+            v = self.v_proj(x).view(num_tokens, kv_heads, head_dim)
         k_cache, v_cache = kv_cache
         self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        attn = self.backend.attend(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(attn.reshape(num_tokens, q_size))
+        attn = self.backend.attend(q, k_cache, v_cache, meta, self.scale).reshape(num_tokens, heads * head_dim)
+        return self.o_op(attn) if self.o_op is not None else self.o_proj(attn)
 
 
 class LlamaMLP(nn.Module):
@@ -109,17 +126,27 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
+        self.gate_up_op: Projection | None = None  # the fused GEMM, dense or prepacked
+        self.down_op: Projection | None = None  # set when prepacked
 
     def fuse(self) -> None:
         """One GEMM for the gate and up projections."""
         self.gate_up_weight = _fuse_linears(self.gate_proj, self.up_proj)
+        self.gate_up_op = dense(self.gate_up_weight)
+
+    def pack(self) -> None:
+        """Prepack the fused gate/up and the down projection for the CPU GEMM library."""
+        assert self.gate_up_weight is not None, "fuse before packing"
+        self.gate_up_op = packed_or_dense(self.gate_up_weight)
+        self.down_op = packed_or_dense(self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        if self.gate_up_op is not None:
+            gate, up = self.gate_up_op(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        hidden = F.silu(gate) * up
+        return self.down_op(hidden) if self.down_op is not None else self.down_proj(hidden)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -130,9 +157,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -142,14 +168,16 @@ class LlamaModel(nn.Module):
         assert config.head_dim is not None
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.rotary = rotary
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
 
@@ -163,6 +191,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head_op: Projection | None = None  # set when prepacked
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -178,12 +207,23 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
+    def pack_projections(self) -> None:
+        """Prepack every GEMM weight for the CPU GEMM library (see engine/model/projection.py).
+
+        NOTE: the packed copies are held beside the weights: on CPU this doubles weight memory.
+        """
+        for layer in self.model.layers:
+            layer.self_attn.pack()
+            layer.mlp.pack()
+        self.lm_head_op = packed_or_dense(self.lm_head.weight)
+
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        head = self.lm_head_op if self.lm_head_op is not None else self.lm_head
+        return head(hidden).float()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy HF-named weights in, with clear errors for missing or misshapen tensors."""

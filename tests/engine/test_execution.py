@@ -54,3 +54,32 @@ def test_triton_backend_refuses_clearly_when_unavailable(tiny) -> None:
     with pytest.raises(ValueError, match="attention_backend='triton' cannot run here"):
         LLM("dummy:tiny", loaded=tiny, attention_backend="triton")
 
+
+
+def test_prepacked_bfloat16_projection_matches_dense_linear() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.model.projection import OneDnnPackedProjection, packed_or_dense
+
+    weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    projection = packed_or_dense(weight)
+    if not isinstance(projection, OneDnnPackedProjection):
+        pytest.skip("this CPU or torch build has no oneDNN bfloat16 GEMM; the dense fallback is in use")
+    for rows in (1, 7, 16, 65):
+        x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        assert torch.equal(projection(x), F.linear(x, weight))
+
+
+def test_float32_projections_stay_dense_and_optimized_cpu_packs_bfloat16(tiny) -> None:
+    import torch
+
+    from engine.model.projection import DenseProjection, packed_or_dense
+
+    assert isinstance(packed_or_dense(torch.randn(8, 4)), DenseProjection)
+    half = load_model("dummy:tiny", torch.bfloat16)
+    eager = LLM("dummy:tiny", loaded=half, dtype="bfloat16", execution="eager").generate(PROMPTS, GREEDY)
+    llm = LLM("dummy:tiny", loaded=half, dtype="bfloat16", execution="optimized")
+    assert llm.engine.runner.model.model.layers[0].mlp.down_op is not None
+    optimized = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in eager] == [o.token_ids for o in optimized]
