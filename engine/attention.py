@@ -9,6 +9,38 @@ import torch
 import torch.nn.functional as F
 
 
+class GatherWorkspace:
+    """Reused output buffers for the decode gather of K and V, grown on demand, never shrunk.
+
+    NOTE: measured on the 2-core CPU machine (float32, batch 16, ~300-token contexts): each layer's
+    fresh 3.5 MB gather output cost page faults and a cold write, and ``index_select`` took
+    1.5-1.8 ms per call in the step against 45 us on a warm buffer. One buffer pair written by every
+    layer in turn stays mapped and cache-resident. The optimized path owns one; eager allocates per
+    call, as a plain framework forward does.
+    """
+
+    def __init__(self) -> None:
+        self._keys: torch.Tensor | None = None  # [capacity, block_size, KVH, D]
+        self._values: torch.Tensor | None = None
+
+    def gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k_cache[block_ids]`` and ``v_cache[block_ids]``, written into the reused buffers.
+
+        The views returned are overwritten by the next call: use them before gathering again.
+        """
+        num_rows = block_ids.numel()
+        if self._keys is None or self._keys.shape[0] < num_rows or self._keys.shape[1:] != k_cache.shape[1:] \
+                or self._keys.dtype != k_cache.dtype or self._keys.device != k_cache.device:
+            capacity = max(num_rows, 2 * self._keys.shape[0] if self._keys is not None else 0)
+            self._keys = k_cache.new_empty((capacity, *k_cache.shape[1:]))
+            self._values = v_cache.new_empty((capacity, *v_cache.shape[1:]))
+        assert self._values is not None
+        keys = torch.index_select(k_cache, 0, block_ids, out=self._keys[:num_rows])
+        values = torch.index_select(v_cache, 0, block_ids, out=self._values[:num_rows])
+        return keys, values
+
+
 @dataclass(slots=True)
 class AttentionMetadata:
     """Where each sequence's tokens sit in the flat batch and in the paged cache.
@@ -30,6 +62,8 @@ class AttentionMetadata:
     seq_lens_t: torch.Tensor | None = None  # [B] int32
     query_start_loc_t: torch.Tensor | None = None  # [B + 1] int32
     max_query_len: int = 0
+    # Set by the runner on the optimized path: decode reuses its gather buffers across layers and steps.
+    workspace: GatherWorkspace | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -136,8 +170,11 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     num_blocks = -(-max_len // block_size)
     flat_tables = meta.decode_block_tables[:, :num_blocks].reshape(-1)
     gathered = (num_seqs, num_blocks * block_size, num_kv_heads * head_dim)
-    keys = k_cache.index_select(0, flat_tables).view(gathered)  # [Bd, S, KVH * D], contiguous
-    values = v_cache.index_select(0, flat_tables).view(gathered)
+    if meta.workspace is not None:
+        keys, values = meta.workspace.gather(k_cache, v_cache, flat_tables)
+    else:
+        keys, values = k_cache.index_select(0, flat_tables), v_cache.index_select(0, flat_tables)
+    keys, values = keys.view(gathered), values.view(gathered)  # [Bd, S, KVH * D], contiguous
     # Query head h reads KV head h // group, as in HF's repeat_kv.
     spread = query.new_zeros(num_seqs, num_kv_heads, group, num_kv_heads, head_dim)
     spread.diagonal(dim1=1, dim2=3).copy_(query.view(num_seqs, num_kv_heads, group, head_dim).permute(0, 2, 3, 1))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata
+from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata, GatherWorkspace
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
@@ -60,6 +60,8 @@ class ModelRunner:
         self.attention_backend = self._attention_backend()
         self.model.set_attention_backend(self.attention_backend)
         self.kv_caches = self._allocate_kv_cache()
+        # NOTE: eager keeps the plain framework's per-call allocations; that difference is one of the levers.
+        self.gather_workspace = GatherWorkspace() if config.execution == "optimized" else None
         self.sampler = Sampler(config.seed)
         self.decode_graphs = self._capture_decode_graphs()
 
@@ -130,10 +132,12 @@ class ModelRunner:
                 logits_indices.append(len(input_ids) - 1)
                 sampled_ids.append(request.request_id)
         device = self.device
+        meta = AttentionMetadata.build(slots, block_tables, query_lens, seq_lens, device)
+        meta.workspace = self.gather_workspace
         return ModelInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),
             positions=torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True),
-            meta=AttentionMetadata.build(slots, block_tables, query_lens, seq_lens, device),
+            meta=meta,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(device, non_blocking=True),
             sampled_request_ids=sampled_ids,
         )

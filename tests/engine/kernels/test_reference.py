@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import gather_context
+from engine.attention import AttentionMetadata, GatherWorkspace, gather_context, paged_attention
 from engine.kernels.reference import dense_causal_attention, paged_decode_reference, paged_prefill_reference
 from tests.engine.kernels.paged_cases import make_paged_cache, random_tensor
 
@@ -50,3 +50,25 @@ def test_dense_attention_is_causal() -> None:
     after = dense_causal_attention(query, keys, values, 0.25)
     torch.testing.assert_close(after[:3], before[:3])
     assert not torch.allclose(after[3], before[3])
+
+
+def test_decode_with_a_reused_gather_workspace_matches_dense_attention() -> None:
+    # The engine's own torch decode path, once allocating its gathers and once through the
+    # workspace the optimized runner owns: a larger batch grows it, a smaller one reuses its memory.
+    workspace = GatherWorkspace()
+    for seed, seq_lens in enumerate(([3, 40, 17, 1], [9, 2])):
+        cache = make_paged_cache(seq_lens, 8, 2, 16, torch.float64, CPU, seed=seed)
+        query = random_tensor((len(seq_lens), 6, 16), torch.float64, CPU, 10 + seed)  # [B, H, D]
+        meta = AttentionMetadata.build([0] * len(seq_lens), cache.block_tables.tolist(), [1] * len(seq_lens),
+                                       seq_lens)
+        plain = paged_attention(query, cache.clean_k, cache.clean_v, meta, 0.25)
+        meta.workspace = workspace
+        reused = paged_attention(query, cache.clean_k, cache.clean_v, meta, 0.25)
+        assert torch.equal(reused, plain)
+        contexts = dense_contexts(cache.clean_k, cache.clean_v, cache.block_tables, seq_lens)
+        for i, (keys, values) in enumerate(contexts):
+            torch.testing.assert_close(reused[i : i + 1], dense_causal_attention(query[i : i + 1], keys, values, 0.25))
+        if seed == 0:
+            first_keys, _ = workspace.gather(cache.clean_k, cache.clean_v, torch.tensor([0]))
+    second_keys, _ = workspace.gather(cache.clean_k, cache.clean_v, torch.tensor([1]))
+    assert second_keys.data_ptr() == first_keys.data_ptr()  # no new buffer for a smaller gather
