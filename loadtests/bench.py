@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -179,3 +180,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the results here")
     add_engine_args(p)
     p.set_defaults(func=_cmd_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loadtests.bench``: the same command where the package is not installed (a GPU box)."""
+    from engine.cli import run_command
+
+    parser = argparse.ArgumentParser(prog="python -m loadtests.bench")
+    register(parser.add_subparsers(dest="command", required=True))
+    return run_command(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
