@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -181,15 +180,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_engine_args(p)
     p.set_defaults(func=_cmd_bench)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m loadtests.bench``: the same command where the package is not installed (a GPU box)."""
-    from engine.cli import run_command
-
-    parser = argparse.ArgumentParser(prog="python -m loadtests.bench")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run_command(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

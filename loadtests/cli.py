@@ -2,7 +2,7 @@
 
 Both take the same load flags; ``diagnose`` also takes the engine flags of ``serve``. Registered
 through the ``servescope.commands`` entry-point group (:func:`register_load`, :func:`register_diagnose`);
-``python -m loadtests.cli`` runs them without an install.
+``python -m loadtests.cli`` runs them (and ``bench``) without an install.
 """
 
 from __future__ import annotations
@@ -183,13 +183,17 @@ def register_diagnose(subparsers: Any) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Both commands."""
+    """Both commands, and ``bench``, for :func:`main`."""
+    from loadtests.bench import register as register_bench
+
     register_load(subparsers)
     register_diagnose(subparsers)
+    register_bench(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m loadtests.cli {load,diagnose} ...``: the same commands without the entry points."""
+    """``python -m loadtests.cli {load,diagnose,bench} ...``: the same commands without the entry points
+    (where the package is not installed, such as a lent GPU machine)."""
     parser = argparse.ArgumentParser(prog="servescope")
     register(parser.add_subparsers(dest="command", required=True))
     from engine.cli import run_command

@@ -13,6 +13,7 @@ from engine.request import Request, RequestId
 from engine.sampling_params import SamplingParams as Params
 from engine.scheduler import Scheduler
 from engine.weights import load_model
+from reports.roofline import ModelShape, measure_peaks
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, max_position_embeddings=4096)
@@ -93,8 +94,6 @@ def step_device() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def step_peaks(step_device):
-    from reports.roofline import measure_peaks
-
     return measure_peaks(*step_device)
 
 
@@ -119,10 +118,9 @@ def test_engine_decode_step(benchmark, step_device, step_peaks, batch: int, exec
     # NOTE: every step ends by copying the logits to the host, so its wall time covers the device work.
     benchmark.pedantic(engine.step, rounds=10, iterations=1, warmup_rounds=2)
     mean_s = benchmark.stats.stats.mean
-    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    weight_bytes = loaded.config.num_params * itemsize
-    context_tokens = sum(r.num_computed_tokens for r in engine.scheduler.running)
-    kv_bytes = context_tokens * loaded.config.kv_bytes_per_token(itemsize)
+    shape = ModelShape.from_config("dummy:smollm2-shape", loaded.config, dtype)
+    weight_bytes = shape.weight_bytes
+    kv_bytes = sum(r.num_computed_tokens for r in engine.scheduler.running) * shape.kv_bytes_per_token
     bytes_per_s = (weight_bytes + kv_bytes) / mean_s
     benchmark.extra_info.update(
         device=step_peaks.device, dtype=dtype, execution=execution, batch_size=batch,
