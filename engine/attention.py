@@ -12,11 +12,10 @@ import torch.nn.functional as F
 class GatherWorkspace:
     """Reused output buffers for the decode gather of K and V, grown on demand, never shrunk.
 
-    NOTE: measured on the 2-core CPU machine (float32, batch 16, contexts up to 288 tokens): each
-    layer's fresh 3.5 MB gather output is memory glibc had handed back to the kernel, so it cost page
-    faults (about 50,000 per step) and a cold write: ``index_select`` took 1.5-1.8 ms per call in the
-    step, and 0.19 ms into one buffer pair that every layer writes in turn. The optimized path owns
-    one; eager allocates per call, as a plain framework forward does.
+    Why: a fresh gather output per layer is memory the allocator may have handed back to the OS,
+    so every step pays page faults and cold writes for it; one buffer pair that every layer writes
+    in turn stays mapped and warm (README, "Optimized execution on CPU", has the figures). The
+    optimized path owns one; eager allocates per call, as a plain framework forward does.
     """
 
     def __init__(self) -> None:
@@ -122,8 +121,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """Causal attention of every new token over its sequence's cached context.
 
     query ``[T, H, D]``; caches ``[N, block_size, KVH, D]`` already hold this step's keys and
-    values. Decode rows go through one padded, masked SDPA call; each prefill chunk gets its
-    own call with the causal mask shifted by its earlier context. Returns ``[T, H, D]``.
+    values. Decode rows go through :func:`_decode_attention` (two batched matmuls over the gathered
+    blocks); each prefill chunk gets its own SDPA call with the causal mask shifted by its earlier
+    context. Returns ``[T, H, D]``.
     """
     out = torch.empty_like(query)
     if meta.decode_ids:
@@ -158,9 +158,8 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     FLOPs to read K and V once, in place. Scores and values stay in the cache dtype and the softmax
     runs in float32, as HF's eager attention does.
 
-    NOTE: measured on CPU at batch 16 (SmolLM2-135M, ~300 tokens of context), this replaced a
-    per-KV-head matmul over permuted float32 copies of K and V, whose layout copies took more of
-    the step than the attention itself (see README, "Optimized execution on CPU").
+    NOTE: no permuted copies of K or V: on CPU such layout copies cost more of the step than the
+    attention itself (README, "Optimized execution on CPU").
     """
     assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
     num_seqs, num_heads, head_dim = query.shape

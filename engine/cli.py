@@ -12,43 +12,8 @@ import signal
 import sys
 from importlib.metadata import entry_points
 
-from engine.config import EngineConfig
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Engine flags, the same on every command that starts an engine."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m",
-                   help="smollm2-135m (default), dummy:tiny, dummy:smollm2-shape, a .gguf file or an HF directory")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-num-seqs", type=int, default=16)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=16)
-    kv = g.add_mutually_exclusive_group()
-    kv.add_argument("--kv-cache-mb", type=float, default=None)
-    kv.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--kv-layout", default="paged", choices=["paged", "contiguous"])
-    g.add_argument("--execution", default="optimized", choices=["eager", "optimized"])
-    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--no-chunked-prefill", action="store_true")
-    g.add_argument("--num-threads", type=int, default=None)
-    g.add_argument("--host-overhead-ms", type=float, default=0.0,
-                   help="calibration knob: burn this many ms of host time in every engine step")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        block_size=args.block_size, kv_cache_mb=args.kv_cache_mb, num_kv_blocks=args.num_kv_blocks,
-        kv_layout=args.kv_layout, execution=args.execution, enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill, num_threads=args.num_threads,
-        host_overhead_ms=args.host_overhead_ms, device=args.device, attention_backend=args.attention_backend,
-    )
+from engine.flags import add_engine_args, engine_config_from_args
+from engine.server.cli import register as register_serve
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -89,8 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser("fetch-model", help="download and verify the default model's GGUF file")
     fetch.set_defaults(func=_cmd_fetch_model)
-
-    from engine.server.cli import register as register_serve  # here, not at the top: it imports this module
 
     register_serve(sub)
 

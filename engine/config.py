@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -25,6 +25,16 @@ DEFAULT_CHUNKED_BATCHED_TOKENS = 512
 DEFAULT_MAX_MODEL_LEN = 2048
 
 
+def _flag(default: object, help: str, **metadata: object) -> Any:
+    """A config field and its command-line flag (``engine.flags`` builds the flags from this metadata).
+
+    ``choices`` lists the allowed values when the type does not (a ``Literal`` does); ``exclusive``
+    names a group of flags of which at most one may be given; ``negative`` is the flag that turns a
+    default-true boolean off.
+    """
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Everything that shapes the engine, passed whole to its components.
@@ -33,23 +43,27 @@ class EngineConfig:
     derived values (context length, token budget, KV block count) are computed.
     """
 
-    model: str = "smollm2-135m"
-    dtype: str = "float32"
-    seed: int = 0
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_mb: float | None = None
-    kv_layout: KVLayout = "paged"
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    execution: ExecutionMode = "optimized"
-    device: str = "auto"  # "auto" takes CUDA when present, else the CPU
-    attention_backend: AttentionBackendName = "auto"  # auto: Triton on GPU when optimized, else torch
-    num_threads: int | None = None
-    host_overhead_ms: float = 0.0
+    model: str = _flag("smollm2-135m", "smollm2-135m (default), dummy:tiny, dummy:smollm2-shape, a .gguf file "
+                                       "or an HF directory")
+    dtype: str = _flag("float32", "weights, activations and KV cache", choices=tuple(_DTYPES))
+    seed: int = _flag(0, "seeds the weights of dummy models and sampling")
+    max_num_seqs: int = _flag(16, "most sequences in one batch")
+    max_num_batched_tokens: int | None = _flag(None, "token budget of one step (default: 512 with chunked prefill, "
+                                                     "else max_model_len)")
+    max_model_len: int | None = _flag(None, "longest prompt + output (default: the model's context, at most 2048)")
+    block_size: int = _flag(16, "tokens per KV block")
+    num_kv_blocks: int | None = _flag(None, "KV pool size in blocks", exclusive="kv_pool")
+    kv_cache_mb: float | None = _flag(None, "KV pool size in MiB (default 256)", exclusive="kv_pool")
+    kv_layout: KVLayout = _flag("paged", "paged blocks, or one max_model_len reservation per sequence")
+    enable_prefix_caching: bool = _flag(True, "share the KV blocks of identical prompt prefixes",
+                                        negative="--no-prefix-caching")
+    enable_chunked_prefill: bool = _flag(True, "split long prompts across steps within the token budget",
+                                         negative="--no-chunked-prefill")
+    execution: ExecutionMode = _flag("optimized", "eager PyTorch, or fused and prepacked kernels (CUDA graphs on GPU)")
+    device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
+    attention_backend: AttentionBackendName = _flag("auto", "auto: Triton on GPU when optimized, else torch")
+    num_threads: int | None = _flag(None, "torch intra-op threads (default: torch's own)")
+    host_overhead_ms: float = _flag(0.0, "calibration knob: burn this many ms of host time in every engine step")
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

@@ -143,7 +143,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from engine.cli import engine_config_from_args
+    from engine.flags import engine_config_from_args
 
     report = run_bench(engine_config_from_args(args), args.engines.split(","), args.workload, args.num_prompts,
                        args.concurrency, args.max_tokens, args.seed, args.rounds, not args.no_warmup)
@@ -165,7 +165,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `servescope bench` (entry point of the ``servescope.commands`` group)."""
-    from engine.cli import add_engine_args
+    from engine.flags import add_engine_args
 
     p = subparsers.add_parser("bench", help="offline throughput of each engine and lever on one workload")
     p.add_argument("--num-prompts", type=int, default=32)

@@ -130,19 +130,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def serve_argv(args: argparse.Namespace) -> list[str]:
     """The engine and serve flags of ``args`` as a command line for the server process."""
-    from engine.cli import add_engine_args
+    from engine.flags import engine_argv
 
-    engine_parser = argparse.ArgumentParser(add_help=False)
-    add_engine_args(engine_parser)
-    dests = [*vars(engine_parser.parse_args([])), *SERVE_FLAGS]
-    argv: list[str] = []
-    for dest in dests:
-        value = getattr(args, dest)
-        flag = "--" + dest.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else []
-        elif value is not None:
-            argv += [flag, str(value)]
+    argv = engine_argv(args)
+    for dest in SERVE_FLAGS:
+        argv += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
     return argv
 
 
@@ -164,7 +156,7 @@ def register_load(subparsers: Any) -> None:
 
 def register_diagnose(subparsers: Any) -> None:
     """Add ``servescope diagnose`` (entry point of the ``servescope.commands`` group)."""
-    from engine.cli import add_engine_args
+    from engine.flags import add_engine_args
     from engine.server.async_engine import DEFAULT_MAX_WAITING
     from engine.server.cli import ENGINE_KINDS
 

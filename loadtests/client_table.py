@@ -10,44 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loadtests.records import ClientRecord, journal_paths, read_journal
-from probes.run_dir import RunDirectory
-
-CLIENT_TABLE = "client_requests"
-
-_F64 = pa.float64()
-_I64 = pa.int64()
-_STR = pa.string()
-
-# NOTE: times are epoch seconds (loadtests.records.Clock); derived columns are null when their
-# inputs are (a failed request has no ttft_s).
-CLIENT_REQUESTS = pa.schema([
-    ("worker", _STR),
-    ("seq", _I64),
-    ("plan_index", _I64),
-    ("group", _STR),
-    ("is_warmup", pa.bool_()),
-    ("scheduled_time", _F64),
-    ("send_time", _F64),
-    ("first_byte_time", _F64),
-    ("first_token_time", _F64),
-    ("end_time", _F64),
-    ("token_times", pa.list_(_F64)),
-    ("status_code", _I64),
-    ("error", _STR),
-    ("finish_reason", _STR),
-    ("request_id", _STR),
-    ("num_prompt_tokens", _I64),
-    ("num_output_tokens", _I64),
-    ("num_cached_tokens", _I64),
-    ("has_usage", pa.bool_()),
-    ("planned_prompt_tokens", _I64),
-    ("max_tokens", _I64),
-    ("is_ok", pa.bool_()),
-    ("ttft_s", _F64),  # send -> first content token
-    ("tpot_s", _F64),  # (finish - first token) / (output tokens - 1)
-    ("e2e_s", _F64),  # send -> finish chunk
-    ("itl_s", pa.list_(_F64)),  # gaps between content chunks
-])
+from probes.run_dir import CLIENT_TABLE, RunDirectory
+from probes.schemas import CLIENT_REQUESTS
 
 
 def records_table(records: list[ClientRecord]) -> pa.Table:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.arrival import OpenLoopArrivals
-from loadtests.plan import PLAN_NAME, PlannedRequest, read_plan
+from loadtests.plan import PlannedRequest, read_plan
 from loadtests.records import ClientRecord, Clock, Journal
 from loadtests.sse import StreamTimer
+from probes.run_dir import PLAN_NAME
 
 API_KEY_ENV = "SERVESCOPE_API_KEY"
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

@@ -22,11 +22,9 @@ from loadtests.config import LoadConfig
 from loadtests.errors import LocustFailedError
 from loadtests.load_context import API_KEY_ENV
 from loadtests.processes import kill_group, spawn
+from probes.run_dir import LOCUST_CSV_PREFIX, LOCUST_HTML_NAME, LOCUST_LOG_NAME, LOCUST_STATS_NAME
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-CSV_PREFIX = "locust"
-LOCUST_LOG = "locust.log"
-LOCUST_HTML = "locust.html"
 # Seconds past run time + stop timeout before Locust's own -t stops the run. The run normally
 # ends itself once the last in-flight request is done (see loadtests.locustfile); -t only bounds it.
 RUN_TIME_MARGIN_S = 10.0
@@ -54,7 +52,7 @@ def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> l
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(num_users), "-r", str(num_users), "-t", f"{math.ceil(run_time)}s",
         "--host", url, "--stop-timeout", f"{config.stop_timeout_s:g}",
-        "--csv", str(run_dir / CSV_PREFIX), "--html", str(run_dir / LOCUST_HTML), "--only-summary",
+        "--csv", str(run_dir / LOCUST_CSV_PREFIX), "--html", str(run_dir / LOCUST_HTML_NAME), "--only-summary",
         "--exit-code-on-error", "0", "--loglevel", "INFO",
         "--ss-run-dir", str(run_dir), "--ss-model", model, "--ss-api", config.api,
         "--ss-warmup", f"{config.warmup_s:g}", "--ss-duration", f"{config.duration_s:g}",
@@ -76,7 +74,7 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
     env = dict(os.environ)
     if api_key:
         env[API_KEY_ENV] = api_key
-    log_path = run_dir / LOCUST_LOG
+    log_path = run_dir / LOCUST_LOG_NAME
     limit_s = config.run_time_s + 2 * config.stop_timeout_s + RUN_TIME_MARGIN_S + STARTUP_ALLOWANCE_S
     started = time.monotonic()
     with open(log_path, "ab") as log:
@@ -97,7 +95,7 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
             raise
         kill_group(process)  # workers a crashed master left behind
     wall_s = time.monotonic() - started
-    stats_csv = run_dir / f"{CSV_PREFIX}_stats.csv"
+    stats_csv = run_dir / LOCUST_STATS_NAME
     if process.returncode != 0 or not stats_csv.is_file():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         raise LocustFailedError(f"Locust exited with status {process.returncode}; {log_path} ends:\n{tail}")
@@ -106,4 +104,4 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
 
 def read_locust_stats(run_dir: Path) -> pd.DataFrame:
     """Locust's final stats table (``locust_stats.csv``), one row per (Type, Name) plus Aggregated."""
-    return pd.read_csv(run_dir / f"{CSV_PREFIX}_stats.csv")
+    return pd.read_csv(run_dir / LOCUST_STATS_NAME)

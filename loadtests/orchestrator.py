@@ -3,18 +3,14 @@
 ``run_diagnose`` starts our server (probed) per point; ``run_load`` drives any OpenAI-compatible
 server and scrapes its ``/metrics`` when it has one. Both finish with :func:`loadtests.summary.write_summary`.
 
-Directory layout: with one point, ``OUT`` is the run directory; with ``--sweep``, ``OUT/sweep.json``
-lists the points and each has its own run directory ``OUT/users-4/`` (and so on)::
-
-    run.json, steps.parquet, requests.parquet, ...   the probes (probes.session)
-    load.json                                        the load config, target and model
-    workload.jsonl                                   the request plan (loadtests.plan)
-    client_requests.parquet                          one client row per request, every worker merged
-    locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
+With one point, ``OUT`` is the run directory; with ``--sweep``, ``OUT/sweep.json`` lists the
+points and each has its own run directory ``OUT/users-4/`` (and so on); :mod:`probes.run_dir`
+describes the files in each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.error
@@ -29,13 +25,23 @@ from loadtests.client_table import merge_journals
 from loadtests.config import LoadConfig
 from loadtests.errors import ReportFailedError
 from loadtests.locust_runner import run_locust
-from loadtests.plan import PLAN_NAME, build_plan, write_plan
+from loadtests.plan import build_plan, write_plan
 from loadtests.progress import LoadProgress, summary_table
 from loadtests.server_process import ServerProcess
-from loadtests.summary import LOAD_NAME, SWEEP_NAME, Summary, write_summary
+from loadtests.summary import Summary, write_summary
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
-from probes.run_dir import RunDirectory
+from probes.run_dir import (
+    DIAGNOSIS_NAME,
+    LOAD_NAME,
+    PLAN_NAME,
+    REPORT_NAME,
+    SWEEP_NAME,
+    LoadInfo,
+    RunDirectory,
+    SweepIndex,
+    SweepPoint,
+)
 
 SERVER_STARTUP_TIMEOUT_S = 600.0
 
@@ -76,20 +82,22 @@ def discover_target(url: str, served_model: str | None = None, api_key: str | No
 
 
 def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: TokenizerLike, console: Console,
-              load_info: dict[str, Any], api_key: str | None = None) -> None:
+              load_info: LoadInfo, api_key: str | None = None) -> None:
     """One load point into ``run_dir``: plan, Locust headless, merged client rows, ``load.json``."""
     plan = build_plan(config, tokenizer, target.max_model_len)
     write_plan(run_dir / PLAN_NAME, plan)
-    info = {**load_info, "target": target.url, "model": target.model, "max_model_len": target.max_model_len,
-            "plan": {"file": PLAN_NAME, "num_requests": len(plan)}, "started_at": time.time()}
-    _write_json(run_dir, LOAD_NAME, {"config": config.to_dict(), **info})
+    directory = RunDirectory(run_dir)
+    info = dataclasses.replace(load_info, config=config.to_dict(), target=target.url, model=target.model,
+                               max_model_len=target.max_model_len, num_planned_requests=len(plan),
+                               started_at=time.time())
+    directory.save(LOAD_NAME, info)
     with LoadProgress(console, config.point_name, run_dir, config.warmup_s, config.duration_s,
                       target.metrics_url) as progress:
         locust = run_locust(config, target.url, run_dir, target.model, on_tick=progress.tick, api_key=api_key)
         progress.tick(locust.wall_s)
     merge_journals(run_dir)
-    info.update(finished_at=time.time(), locust={"returncode": locust.returncode, "wall_s": locust.wall_s})
-    _write_json(run_dir, LOAD_NAME, {"config": config.to_dict(), **info})
+    directory.save(LOAD_NAME, dataclasses.replace(info, finished_at=time.time(), locust_returncode=locust.returncode,
+                                                  locust_wall_s=locust.wall_s))
 
 
 def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], model: str, console: Console,
@@ -98,7 +106,7 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
     point_dirs = _prepare_out(out, configs, sweep)
     tokenizer: TokenizerLike | None = None
     for config, run_dir in zip(configs, point_dirs, strict=True):
-        _write_json(run_dir, LOAD_NAME, {"config": config.to_dict()})
+        RunDirectory(run_dir).save(LOAD_NAME, LoadInfo(config=config.to_dict()))
         argv = ["--workload-json", str(run_dir / LOAD_NAME), "--workload-seed", str(config.seed), *serve_argv]
         with ServerProcess(run_dir, argv) as server:
             # NOTE: the tokenizer loads while the server loads its model (both take seconds).
@@ -110,7 +118,7 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
                                     lambda elapsed, label=label, status=status: status.update(f"{label}, {elapsed:.0f} s"))
             target = discover_target(server.url)
             run_point(config, target, run_dir, tokenizer, console,
-                      {"server": "servescope (probed)", "serve_argv": serve_argv, "server_pid": server.pid})
+                      LoadInfo(config={}, server="servescope (probed)", serve_argv=serve_argv, server_pid=server.pid))
             with console.status(f"[bold]{config.point_name}[/]: stopping the server, writing the probes"):
                 returncode = server.stop()
         if returncode != 0:
@@ -134,7 +142,7 @@ def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: st
         run_diagnose([config], out / variant.dir, [*serve_argv, *variant.serve_flags], model, console)
     write_ablation_index(out, STANDARD_VARIANTS)
     diagnosis = write_report(out)
-    console.print(f"ablation report: {out / 'report.html'}")
+    console.print(f"ablation report: {out / REPORT_NAME}")
     return diagnosis
 
 
@@ -144,6 +152,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
     """Each point against an external server; its /metrics (when served) and this host are probed."""
     from probes.host import HostProbe
     from probes.manifest import RunManifest
+    from probes.model_shape import resolve_model_shape
     from probes.prometheus import PrometheusProbe
     from probes.session import ProbeSession
 
@@ -158,13 +167,14 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         probes = [HostProbe(run)]
         if target.metrics_url is not None:
             probes.append(PrometheusProbe(run, target.metrics_url))
-        manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed})
+        manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed},
+                                       model_shape=resolve_model_shape(target.model))
         session = ProbeSession(run, probes, manifest)
         session.start()
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
-                      {"server": "external", "tokenizer": name, "metrics_url": target.metrics_url}, api_key)
+                      LoadInfo(config={}, server="external", tokenizer=name, metrics_url=target.metrics_url), api_key)
         except BaseException as exc:
             error = exc
             raise
@@ -184,8 +194,8 @@ def _prepare_out(out: Path, configs: list[LoadConfig], sweep: tuple[str, list[fl
         return [out]
     parameter, values = sweep
     dirs = [out / config.point_name for config in configs]
-    _write_json(out, SWEEP_NAME, {"parameter": parameter, "values": values,
-                                  "points": [{"value": v, "dir": d.name} for v, d in zip(values, dirs, strict=True)]})
+    RunDirectory(out).save(SWEEP_NAME, SweepIndex(parameter, [SweepPoint(v, d.name)
+                                                              for v, d in zip(values, dirs, strict=True)]))
     for d in dirs:
         d.mkdir()
     return dirs
@@ -197,19 +207,14 @@ def _finish(out: Path, console: Console) -> Summary:
     except Exception as exc:  # noqa: BLE001 - the run itself is safe on disk; say how to retry
         raise ReportFailedError(f"the run in {out} is complete, but writing its report failed: "
                                 f"{type(exc).__name__}: {exc}; rerun `servescope report {out}`") from exc
-    metrics = summary.metrics
-    console.print(summary_table(metrics))
-    for point in metrics.get("points", [metrics]):
-        accounting = point["accounting"]
-        if not accounting["is_consistent"]:
-            console.print(f"[yellow]warning:[/] {point['point']}: the request counts disagree: {accounting}")
-    console.print(f"bottleneck: [bold]{summary.diagnosis.get('bottleneck')}[/]; wrote {out / 'diagnosis.json'} "
-                  f"and {out / 'report.html'}")
+    console.print(summary_table(summary.measures))
+    for point in summary.measures.points:
+        if not point.accounting.is_consistent:
+            console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "
+                          f"{point.accounting.to_dict()}")
+    console.print(f"bottleneck: [bold]{summary.diagnosis.bottleneck}[/]; wrote {out / DIAGNOSIS_NAME} "
+                  f"and {out / REPORT_NAME}")
     return summary
-
-
-def _write_json(directory: Path, name: str, obj: Any) -> None:
-    RunDirectory(directory).write_json(name, obj)
 
 
 def _get_json(url: str, headers: dict[str, str]) -> Any:

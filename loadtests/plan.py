@@ -14,7 +14,6 @@ from pathlib import Path
 from loadtests.config import LoadConfig
 from loadtests.workloads import TokenizerLike, make_workload
 
-PLAN_NAME = "workload.jsonl"
 # Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
 CHAT_TEMPLATE_MARGIN = 64
 

@@ -2,7 +2,7 @@
 
     python -m loadtests.probed_server --run-dir DIR [serve flags]
 
-Builds the engine exactly as ``serve`` does (same flags, same builder), attaches a
+Runs ``serve``'s own start-up (:func:`engine.server.cli.run_serve`) with hooks that attach a
 :class:`~probes.session.ProbeSession` to it (steps, requests, host, NVML), serves until
 SIGTERM/SIGINT, and then stops the probes, which writes the run directory's tables, ``run.json``
 and ``trace.json``. It lives here, not in engine/, because the engine never imports probes/.
@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from engine.cli import engine_config_from_args
-from engine.server.cli import API_KEY_ENV, build_engine
+from engine.config import EngineConfig
+from engine.server.cli import ServeHooks, run_serve
 from engine.server.cli import register as register_serve
+from probes.peaks import measure_peaks
+from probes.run_dir import RunDirectory
 
 RUN_DIR_FLAG = "--run-dir"
 
@@ -37,77 +37,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workload-json", default=None,
                        help="a JSON file describing the load, recorded in run.json as the workload")
     serve.add_argument("--workload-seed", type=int, default=None, help="the load's seed, recorded in run.json")
-    serve.add_argument("--port-file", default=None,
-                       help="write the port listened on here once bound (use with --port 0 for a free one)")
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from engine.server.app import ServerSettings, build_app
+def probe_hooks(args: argparse.Namespace) -> ServeHooks:
+    """The probes around ``serve``: peaks measured before the engine starts, a probe session while it serves."""
     from probes.session import ProbeSession
 
     workload = json.loads(Path(args.workload_json).read_text()) if args.workload_json else None
     seeds = {"workload": args.workload_seed} if args.workload_seed is not None else None
-    from reports.roofline import measure_peaks, write_peaks
 
-    engine_config = engine_config_from_args(args)
-    # Peak bandwidth and FLOP/s of the serving device, measured before the engine takes it: the
-    # roofline (MBU, MFU) in the report is relative to these.
-    write_peaks(args.run_dir, measure_peaks(engine_config.device, engine_config.dtype))
-    engine = build_engine(args.engine, engine_config)
-    session = ProbeSession.for_engine(engine, args.run_dir, workload=workload, seeds=seeds)  # type: ignore[arg-type]
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    app = build_app(engine, ServerSettings(api_key=api_key, max_waiting=args.max_waiting))
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = uvicorn.Server(config)
-    # NOTE: bound here, before uvicorn starts, so --port 0 gets a free port with no race and the
-    # port file names a socket that is already listening (or about to accept, once lifespan ends).
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.create_server((args.host, args.port), family=family)
-    if args.port_file:
-        _write_atomic(Path(args.port_file), json.dumps({"port": sock.getsockname()[1], "pid": os.getpid()}))
-    session.start()
-    error: BaseException | None = None
-    try:
-        with _signals_end_quietly():
-            server.run(sockets=[sock])
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        # NOTE: the app's lifespan has joined the engine thread by now, so no step races the detach.
-        session.stop(error=error)
-    return 0 if server.started else 1
+    def before_engine(config: EngineConfig) -> None:
+        # Peak bandwidth and FLOP/s of the serving device, measured before the engine takes it: the
+        # roofline (MBU, MFU) in the report is relative to these.
+        RunDirectory(args.run_dir).write_peaks(measure_peaks(config.device, config.dtype))
 
+    @contextlib.contextmanager
+    def attach(engine: Any) -> Iterator[None]:
+        session = ProbeSession.for_engine(engine, args.run_dir, workload=workload, seeds=seeds)
+        session.start()
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            session.stop(error=error)
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _signals_end_quietly() -> Iterator[None]:
-    """While uvicorn runs, SIGTERM/SIGINT mean "shut down gracefully, then return" (as ``serve`` does).
-
-    NOTE: uvicorn re-raises the signal it caught under the handlers installed before it started;
-    no-op handlers here let ``server.run()`` return, so the probes are stopped and written.
-    """
-    previous = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return ServeHooks(before_engine=before_engine, attach=attach)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     try:
-        return run(args)
+        return run_serve(args, probe_hooks(args))
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"servescope: error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -17,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loadtests.records import ClientRecord, journal_paths
+from reports.summary import RunSummary
 
 RECENT_WINDOW_S = 5.0
 GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -143,23 +143,28 @@ class LoadProgress:
         self._progress.stop()
 
 
-def summary_table(metrics: dict[str, Any]) -> Table:
-    """The headline numbers of every point, for the terminal."""
-    points = metrics.get("points", [metrics])
+def summary_table(summary: RunSummary) -> Table:
+    """The headline numbers of every point, for the terminal: the same measures the report shows."""
     table = Table(title="servescope: measured, warm-up excluded (latencies in ms)")
-    for column in ("point", "ok/fail", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50", "E2E p50", "goodput",
-                   "batch"):
+    for column in SUMMARY_COLUMNS:
         table.add_column(column, justify="right")
-    for p in points:
-        goodput = p.get("goodput", {}).get("fraction")
-        server = p.get("server") or {}
+    for p in summary.points:
+        c, s = p.client, p.server
+        goodput = c.goodput["fraction"] if c is not None and c.goodput else None
+        if c is None:
+            table.add_row(p.label, "-", *["-"] * (len(SUMMARY_COLUMNS) - 3), _fmt(s.mean_batch if s else None, "{:.1f}"))
+            continue
         table.add_row(
-            p["point"], f"{p['num_ok']}/{p['num_failed']}", _fmt(p["request_throughput_per_s"], "{:.2f}"),
-            _fmt(p["output_throughput_tok_per_s"], "{:.1f}"),
-            f"{_ms(p['ttft_s'], 'p50')}/{_ms(p['ttft_s'], 'p99')}", _ms(p["tpot_s"], "p50"), _ms(p["e2e_s"], "p50"),
-            _fmt(goodput, "{:.0%}"), _fmt(server.get("mean_batch_size"), "{:.1f}"),
+            p.label, f"{c.num_ok}/{c.num_failed}", _fmt(c.request_throughput, "{:.2f}"),
+            _fmt(c.output_throughput, "{:.1f}"), f"{_ms(c.ttft_s, 'p50')}/{_ms(c.ttft_s, 'p99')}",
+            _ms(c.tpot_s, "p50"), _ms(c.e2e_s, "p50"), _fmt(goodput, "{:.0%}"),
+            _fmt(s.mean_batch if s is not None else None, "{:.1f}"),
         )
     return table
+
+
+SUMMARY_COLUMNS = ("point", "ok/fail", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50", "E2E p50", "goodput",
+                   "batch")
 
 
 def _fmt(value: float | None, pattern: str) -> str:

@@ -19,9 +19,8 @@ from typing import IO
 
 from loadtests.errors import ServerFailedError
 from loadtests.processes import spawn, stop_group
+from probes.run_dir import PORT_FILE_NAME, SERVER_LOG_NAME
 
-SERVER_LOG = "server.log"
-PORT_FILE = ".server-port.json"
 HEALTH_POLL_S = 0.25
 
 
@@ -45,7 +44,7 @@ class ServerProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.run_dir / SERVER_LOG
+        return self.run_dir / SERVER_LOG_NAME
 
     @property
     def pid(self) -> int | None:
@@ -55,7 +54,7 @@ class ServerProcess:
         if self._process is not None:
             raise RuntimeError("the server was already started")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        port_file = self.run_dir / PORT_FILE
+        port_file = self.run_dir / PORT_FILE_NAME
         port_file.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "loadtests.probed_server", "--run-dir", str(self.run_dir),
                 "--host", self.host, "--port", "0", "--port-file", str(port_file), "--log-level", "warning",
@@ -67,7 +66,7 @@ class ServerProcess:
         """Block until ``/health`` answers 200; ``on_wait(elapsed)`` is called between polls."""
         assert self._process is not None, "start() first"
         started = time.monotonic()
-        port_file = self.run_dir / PORT_FILE
+        port_file = self.run_dir / PORT_FILE_NAME
         while True:
             elapsed = time.monotonic() - started
             if self._process.poll() is not None:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from probes.loader import load_table
 from probes.nvml import NvmlProbe, query_gpus
-from probes.run_dir import RunDirectory
+from probes.run_dir import GPU_CHECK_NAME, RunDirectory
 
 # Passing: the loaded GPU averages at least this busy, and this many points above its idle average.
 MIN_LOAD_UTIL_PCT = 50.0
@@ -79,7 +79,7 @@ def run_check(out: Path, idle_s: float = 3.0, load_s: float = 6.0, interval_s: f
     frame = load_table(run_dir, "nvml", may_be_partial=False).to_pandas()
     result = judge(frame, idle, load)
     result.num_matmuls = num_matmuls
-    run_dir.write_json("gpu_check.json", {**dataclasses.asdict(result), "gpus": [g.name for g in gpus],
+    run_dir.write_json(GPU_CHECK_NAME, {**dataclasses.asdict(result), "gpus": [g.name for g in gpus],
                                           "nvml_status": probe.status.to_dict()})
     return result
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from probes.base import ProbeStatus
 from probes.machine import MachineInfo, software_versions
+from probes.model_shape import ModelShape
 
 FORMAT_VERSION = 1
 # NOTE: the checkout this package was imported from (probes/ sits at the repository root).
@@ -48,17 +49,19 @@ class RunManifest:
     status: RunStatus = RunStatus.RUNNING
     error: str | None = None
     probes: dict[str, ProbeStatus] = field(default_factory=dict)
+    model_shape: ModelShape | None = None  # what the roofline needs; None when the model is unknown here
     format_version: int = FORMAT_VERSION
 
     @classmethod
     def collect(cls, *, model: str | None = None, engine_config: dict[str, Any] | None = None,
                 workload: dict[str, Any] | None = None, seeds: dict[str, int] | None = None,
-                timers: dict[str, str] | None = None) -> RunManifest:
+                timers: dict[str, str] | None = None, model_shape: ModelShape | None = None) -> RunManifest:
         """A manifest for a run starting now, with this machine's and this checkout's details filled in."""
         commit, dirty = git_state(_SOURCE_ROOT)
         return cls(servescope_version=servescope_version(), git_commit=commit, git_dirty=dirty, model=model,
                    engine_config=engine_config, workload=workload, seeds=dict(seeds or {}),
-                   machine=MachineInfo.collect(), software=software_versions(), timers=dict(timers or {}))
+                   machine=MachineInfo.collect(), software=software_versions(), timers=dict(timers or {}),
+                   model_shape=model_shape)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class RunManifest:
             "machine": self.machine.to_dict(), "software": self.software, "timers": self.timers,
             "started_at": self.started_at, "stopped_at": self.stopped_at, "status": self.status.value,
             "error": self.error, "probes": {name: p.to_dict() for name, p in self.probes.items()},
+            "model_shape": self.model_shape.to_dict() if self.model_shape is not None else None,
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class RunManifest:
                 stopped_at=None if data["stopped_at"] is None else float(data["stopped_at"]),
                 status=RunStatus(data["status"]), error=data["error"],
                 probes={name: ProbeStatus.from_dict(p) for name, p in data["probes"].items()},
+                model_shape=ModelShape.from_dict(data["model_shape"]) if data.get("model_shape") else None,
                 format_version=data["format_version"],
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -1,11 +1,21 @@
-"""The run directory on disk: atomic writes, Parquet part files while a run goes, one file per table after.
+"""The run directory on disk: every file's name, its typed records, atomic writes, Parquet parts.
 
-Layout::
+This module owns the layout; every writer and reader of a run directory goes through it::
 
     run.json                      the manifest (probes.manifest.RunManifest)
     steps.parquet, requests.parquet, nvml.parquet, host.parquet, prometheus.parquet
     steps.part-000000.parquet     parts a probe flushed while running; merged into steps.parquet on stop
+    client_requests.parquet       one client row per request (probes.schemas.CLIENT_REQUESTS)
     trace.json                    Chrome / Perfetto trace
+    machine_peaks.json            probes.peaks.MachinePeaks, measured before the engine started
+    load.json                     LoadInfo: the load point's config, its target and model
+    workload.jsonl                the request plan (loadtests.plan)
+    locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
+    summary.json                  the measures of every point (reports.summary.RunSummary)
+    diagnosis.json, report.html   the verdict (reports.diagnosis.Diagnosis) and the page
+
+A sweep directory holds ``sweep.json`` (:class:`SweepIndex`) and one run directory per point; an
+ablation directory holds ``ablation.json`` and one directory per variant.
 
 NOTE: every file appears only through a temp file + ``os.replace``, so a reader (or a run that
 crashed) never sees half a file: each name holds either nothing or a complete file. Temp files start
@@ -14,21 +24,130 @@ with a dot and end in ``.tmp``; readers ignore them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from probes.peaks import MachinePeaks
+
 MANIFEST_NAME = "run.json"
 TRACE_NAME = "trace.json"
+PEAKS_NAME = "machine_peaks.json"
+LOAD_NAME = "load.json"
+PLAN_NAME = "workload.jsonl"
+SWEEP_NAME = "sweep.json"
+ABLATION_NAME = "ablation.json"
+SUMMARY_NAME = "summary.json"
+DIAGNOSIS_NAME = "diagnosis.json"
+REPORT_NAME = "report.html"
+CLIENT_TABLE = "client_requests"
+LOCUST_CSV_PREFIX = "locust"  # Locust writes locust_stats.csv, locust_stats_history.csv, ...
+LOCUST_STATS_NAME = f"{LOCUST_CSV_PREFIX}_stats.csv"
+LOCUST_HTML_NAME = "locust.html"
+LOCUST_LOG_NAME = "locust.log"
+SERVER_LOG_NAME = "server.log"
+PORT_FILE_NAME = ".server-port.json"
+GPU_CHECK_NAME = "gpu_check.json"
 PARQUET_SUFFIX = ".parquet"
 PART_INFIX = ".part-"
+
+R = TypeVar("R", bound="JsonRecord")
+
+
+class RunFileError(ValueError):
+    """A run directory's file is unreadable or malformed; the message names the file."""
+
+
+class JsonRecord(Protocol):
+    """A record saved as one JSON file: ``to_dict`` and ``from_dict`` round-trip it."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls: type[R], data: dict[str, Any]) -> R: ...
+
+
+@dataclass(slots=True)
+class LoadInfo:
+    """``load.json``: one load point's settings (``LoadConfig.to_dict()``), its target and how it went."""
+
+    config: dict[str, Any]
+    server: str | None = None  # "servescope (probed)" or "external"
+    target: str | None = None
+    model: str | None = None
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    metrics_url: str | None = None
+    serve_argv: list[str] | None = None
+    server_pid: int | None = None
+    num_planned_requests: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    locust_returncode: int | None = None
+    locust_wall_s: float | None = None
+
+    @property
+    def point(self) -> str | None:
+        return self.config.get("point")
+
+    @property
+    def concurrency(self) -> float | None:
+        """Closed-loop users, else the open-loop rate (what a sweep varies)."""
+        value = self.config.get("users") if self.config.get("users") is not None else self.config.get("rate")
+        return float(value) if value is not None else None
+
+    @property
+    def slo(self) -> dict[str, float]:
+        return dict(self.config.get("slo") or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadInfo:
+        if not isinstance(data.get("config"), dict):
+            raise RunFileError(f"{LOAD_NAME} needs a 'config' object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    value: float
+    dir: str
+
+
+@dataclass(slots=True)
+class SweepIndex:
+    """``sweep.json``: which parameter a sweep varies, and each point's run directory."""
+
+    parameter: str
+    points: list[SweepPoint]
+
+    @property
+    def values(self) -> list[float]:
+        return [p.value for p in self.points]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parameter": self.parameter, "values": self.values,
+                "points": [{"value": p.value, "dir": p.dir} for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepIndex:
+        try:
+            return cls(str(data["parameter"]), [SweepPoint(float(p["value"]), str(p["dir"])) for p in data["points"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunFileError(f"{SWEEP_NAME} is malformed: {type(exc).__name__}: {exc}") from exc
 
 
 class RunDirectory:
@@ -45,6 +164,10 @@ class RunDirectory:
         if run_dir.manifest_path.exists():
             raise FileExistsError(f"{run_dir.path} already holds a run ({MANIFEST_NAME}); pick a new directory")
         return run_dir
+
+    def file(self, name: str) -> Path:
+        """The path of one of this module's file names in the directory."""
+        return self.path / name
 
     @property
     def manifest_path(self) -> Path:
@@ -64,6 +187,41 @@ class RunDirectory:
         """The part files of table ``name``, in the order they were written."""
         # NOTE: zero-padded indices make lexical order the write order.
         return sorted(self.path.glob(f"{name}{PART_INFIX}[0-9]*{PARQUET_SUFFIX}"))
+
+    # -- records ------------------------------------------------------------------------------
+    def save(self, name: str, record: JsonRecord) -> Path:
+        """Write ``record`` as JSON file ``name`` (NaN and infinity become null)."""
+        return self.write_json(name, json_safe(record.to_dict()))
+
+    def load(self, name: str, kind: type[R]) -> R | None:
+        """The record in JSON file ``name``, or None when the directory has no such file."""
+        data = self.read_json(name)
+        return None if data is None else kind.from_dict(data)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """JSON object file ``name``; None when absent, :class:`RunFileError` when unreadable."""
+        path = self.path / name
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RunFileError(f"{path} is not readable JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise RunFileError(f"{path} must hold a JSON object")
+        return data
+
+    def load_info(self) -> LoadInfo | None:
+        return self.load(LOAD_NAME, LoadInfo)
+
+    def sweep_index(self) -> SweepIndex | None:
+        return self.load(SWEEP_NAME, SweepIndex)
+
+    def write_peaks(self, peaks: MachinePeaks) -> Path:
+        return self.save(PEAKS_NAME, peaks)
+
+    def read_peaks(self) -> MachinePeaks | None:
+        return self.load(PEAKS_NAME, MachinePeaks)
 
     # -- writes -------------------------------------------------------------------------------
     def write_json(self, name: str, obj: Any, indent: int | None = 2) -> Path:
@@ -114,3 +272,16 @@ class RunDirectory:
             tmp.unlink(missing_ok=True)
             raise
         return path
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinity become null (JSON has neither); numpy scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

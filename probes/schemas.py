@@ -10,6 +10,8 @@ from types import MappingProxyType
 
 import pyarrow as pa
 
+from probes.run_dir import CLIENT_TABLE
+
 _F64 = pa.float64()
 _I64 = pa.int64()
 _STR = pa.string()
@@ -93,10 +95,43 @@ PROMETHEUS = pa.schema([
     ("value", _F64),
 ])
 
+# The load generator's rows (loadtests.client_table merges every worker's journal into them).
+# NOTE: times are epoch seconds (loadtests.records.Clock); derived columns are null when their
+# inputs are (a failed request has no ttft_s).
+CLIENT_REQUESTS = pa.schema([
+    ("worker", _STR),
+    ("seq", _I64),
+    ("plan_index", _I64),
+    ("group", _STR),
+    ("is_warmup", pa.bool_()),
+    ("scheduled_time", _F64),
+    ("send_time", _F64),
+    ("first_byte_time", _F64),
+    ("first_token_time", _F64),
+    ("end_time", _F64),
+    ("token_times", _F64_LIST),
+    ("status_code", _I64),
+    ("error", _STR),
+    ("finish_reason", _STR),
+    ("request_id", _STR),
+    ("num_prompt_tokens", _I64),
+    ("num_output_tokens", _I64),
+    ("num_cached_tokens", _I64),
+    ("has_usage", pa.bool_()),
+    ("planned_prompt_tokens", _I64),
+    ("max_tokens", _I64),
+    ("is_ok", pa.bool_()),
+    ("ttft_s", _F64),  # send -> first content token
+    ("tpot_s", _F64),  # (finish - first token) / (output tokens - 1)
+    ("e2e_s", _F64),  # send -> finish chunk
+    ("itl_s", _F64_LIST),  # gaps between content chunks
+])
+
 TABLE_SCHEMAS: MappingProxyType[str, pa.Schema] = MappingProxyType({
     "steps": STEPS,
     "requests": REQUESTS,
     "nvml": NVML,
     "host": HOST,
     "prometheus": PROMETHEUS,
+    CLIENT_TABLE: CLIENT_REQUESTS,
 })

@@ -15,6 +15,7 @@ from probes.engine_probe import EngineProbe
 from probes.host import HostProbe
 from probes.loader import RunData, load_run
 from probes.manifest import RunManifest, RunStatus
+from probes.model_shape import ModelShape
 from probes.nvml import NvmlProbe
 from probes.prometheus import PrometheusProbe
 from probes.requests import RequestProbe
@@ -75,6 +76,7 @@ class ProbeSession:
         manifest = RunManifest.collect(
             model=engine.model_name, engine_config=dataclasses.asdict(engine.config), workload=workload,
             seeds={"engine": engine.config.seed, **(seeds or {})}, timers={StepProbe.name: StepProbe.timer},
+            model_shape=ModelShape.from_config(engine.model_name, engine.model_config, engine.config.dtype),
         )
         return cls(run_dir, probes, manifest, engine, flush_interval_s)
 

@@ -16,4 +16,11 @@ def write_report(path: Any, out: Any = None) -> dict[str, Any]:
     return _write_report(path, out)
 
 
-__all__ = ["write_report"]
+def write_run_report(path: Any, out: Any = None) -> tuple[Any, Any]:
+    """See :func:`reports.report.write_run_report`: the verdict and the measures, as objects."""
+    from reports.report import write_run_report as _write_run_report
+
+    return _write_run_report(path, out)
+
+
+__all__ = ["write_report", "write_run_report"]

@@ -13,17 +13,16 @@ An ablation directory holds one run directory per variant and ``ablation.json`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reports.dataset import DatasetError, load_points
+from probes.run_dir import ABLATION_NAME, RunDirectory, RunFileError
+from reports.dataset import DatasetError, RunDataset, load_points
 from reports.measures import client_measures
 
-ABLATION_NAME = "ablation.json"
 NAIVE = "naive"
 
 
@@ -54,25 +53,48 @@ STANDARD_VARIANTS: tuple[AblationVariant, ...] = (
 )
 
 
+@dataclass(slots=True)
+class AblationIndex:
+    """``ablation.json``: the variants run into one directory each, and which one is the baseline."""
+
+    baseline: str
+    variants: list[AblationVariant]
+
+    @property
+    def baseline_dir(self) -> str:
+        return next(v.dir for v in self.variants if v.name == self.baseline)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline,
+                "variants": [{"name": v.name, "dir": v.dir, "lever": v.lever, "description": v.description,
+                              "serve_flags": list(v.serve_flags)} for v in self.variants]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AblationIndex:
+        try:
+            variants = [AblationVariant(v["name"], v.get("lever"), v.get("description", ""),
+                                        tuple(v.get("serve_flags", ()))) for v in data["variants"]]
+            index = cls(str(data["baseline"]), variants)
+            index.baseline_dir  # noqa: B018 - checks the baseline is one of the variants
+        except (KeyError, TypeError, StopIteration) as exc:
+            raise RunFileError(f"{ABLATION_NAME} is malformed: {type(exc).__name__}: {exc}") from exc
+        return index
+
+
 def write_ablation_index(out: str | os.PathLike[str], variants: Sequence[AblationVariant],
                          baseline: str = "continuous") -> Path:
     """Write ``out/ablation.json`` for variants already run into ``out/<variant.name>/``."""
-    from probes.run_dir import RunDirectory
-
     names = [v.name for v in variants]
     if baseline not in names:
         raise ValueError(f"the baseline {baseline!r} is not one of the variants {names}")
-    return RunDirectory(out).write_json(ABLATION_NAME, {
-        "baseline": baseline,
-        "variants": [{"name": v.name, "dir": v.dir, "lever": v.lever, "description": v.description,
-                      "serve_flags": list(v.serve_flags)} for v in variants]})
+    return RunDirectory(out).save(ABLATION_NAME, AblationIndex(baseline, list(variants)))
 
 
-def read_ablation_index(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    index = Path(path) / ABLATION_NAME
-    if not index.is_file():
-        return None
-    return json.loads(index.read_text(encoding="utf-8"))
+def read_ablation_index(path: str | os.PathLike[str]) -> AblationIndex | None:
+    try:
+        return RunDirectory(path).load(ABLATION_NAME, AblationIndex)
+    except RunFileError as exc:
+        raise DatasetError(str(exc)) from exc
 
 
 @dataclass(slots=True)
@@ -115,22 +137,22 @@ class AblationTable:
         return cls(data["baseline"], [AblationRow(**row) for row in data["rows"]])
 
 
-def ablation_table(path: str | os.PathLike[str], with_verdicts: bool = True) -> AblationTable | None:
+def ablation_table(path: str | os.PathLike[str],
+                   verdict: Callable[[RunDataset], str] | None = None) -> AblationTable | None:
     """The ablation table of the directory at ``path`` (None when it is not an ablation directory).
 
-    A variant whose directory is a sweep is measured at its heaviest point.
+    A variant whose directory is a sweep is measured at its heaviest point; ``verdict`` (the
+    diagnosis) names each variant's bottleneck.
     """
     index = read_ablation_index(path)
     if index is None:
         return None
-    from reports.diagnosis import diagnose_dataset
-
     rows = []
-    for variant in index["variants"]:
+    for variant in index.variants:
         try:
-            points = load_points(Path(path) / variant["dir"])
+            points = load_points(Path(path) / variant.dir)
         except DatasetError as exc:
-            raise DatasetError(f"ablation variant {variant['name']!r}: {exc}") from exc
+            raise DatasetError(f"ablation variant {variant.name!r}: {exc}") from exc
         point = max(points, key=lambda p: p.concurrency or 0.0)
         c = client_measures(point)
 
@@ -138,16 +160,16 @@ def ablation_table(path: str | os.PathLike[str], with_verdicts: bool = True) -> 
             return dist[key] if dist else None
 
         rows.append(AblationRow(
-            name=variant["name"], lever=variant.get("lever"), description=variant.get("description", ""),
+            name=variant.name, lever=variant.lever, description=variant.description,
             num_requests=c.num_ok if c else 0, output_throughput=c.output_throughput if c else None,
             request_throughput=c.request_throughput if c else None,
             ttft_p50=stat(c.ttft_s if c else None, "p50"), ttft_p90=stat(c.ttft_s if c else None, "p90"),
             ttft_p99=stat(c.ttft_s if c else None, "p99"), tpot_p50=stat(c.tpot_s if c else None, "p50"),
             tpot_p90=stat(c.tpot_s if c else None, "p90"), tpot_p99=stat(c.tpot_s if c else None, "p99"),
             e2e_p50=stat(c.e2e_s if c else None, "p50"),
-            bottleneck=diagnose_dataset(point).bottleneck if with_verdicts else None))
+            bottleneck=verdict(point) if verdict is not None else None))
     by_name = {r.name: r for r in rows}
-    base, naive = by_name.get(index["baseline"]), by_name.get(NAIVE)
+    base, naive = by_name.get(index.baseline), by_name.get(NAIVE)
     for row in rows:
         if base is not None:
             row.throughput_vs_baseline = _ratio(row.output_throughput, base.output_throughput)
@@ -155,7 +177,7 @@ def ablation_table(path: str | os.PathLike[str], with_verdicts: bool = True) -> 
             row.tpot_vs_baseline = _ratio(row.tpot_p50, base.tpot_p50)
         if naive is not None:
             row.throughput_vs_naive = _ratio(row.output_throughput, naive.output_throughput)
-    return AblationTable(index["baseline"], rows)
+    return AblationTable(index.baseline, rows)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

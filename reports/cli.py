@@ -15,6 +15,7 @@ from typing import Any
 def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
     from reports.report import write_report
 
     result = write_report(args.dir, args.out)
@@ -23,7 +24,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     console.print(f"bottleneck: [bold]{result['bottleneck']}[/] ({result['confidence_label']} confidence, "
                   f"{result['confidence']:.2f}): {result['summary']}")
     console.print(f"lever to try: {result['lever']}")
-    console.print(f"wrote {target / 'report.html'} and {target / 'diagnosis.json'}")
+    console.print(f"wrote {target / REPORT_NAME} and {target / DIAGNOSIS_NAME}")
     return 0
 
 

@@ -19,16 +19,22 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from loadtests.client_table import CLIENT_REQUESTS, CLIENT_TABLE
 from probes.loader import RunDataError, load_run
 from probes.manifest import RunManifest
-from probes.run_dir import MANIFEST_NAME
-from probes.schemas import TABLE_SCHEMAS
+from probes.model_shape import ModelShape
+from probes.peaks import MachinePeaks
+from probes.run_dir import (
+    CLIENT_TABLE,
+    LOCUST_STATS_NAME,
+    MANIFEST_NAME,
+    PLAN_NAME,
+    LoadInfo,
+    RunDirectory,
+    RunFileError,
+    SweepIndex,
+)
+from probes.schemas import CLIENT_REQUESTS, TABLE_SCHEMAS
 
-LOAD_NAME = "load.json"
-PLAN_NAME = "workload.jsonl"
-SWEEP_NAME = "sweep.json"
-LOCUST_STATS_NAME = "locust_stats.csv"
 # How much of a prompt the report shows next to a request (the rest is in workload.jsonl).
 PROMPT_EXCERPT_CHARS = 160
 
@@ -50,7 +56,8 @@ class RunDataset:
     manifest: RunManifest | None
     frames: dict[str, pd.DataFrame]
     client: pd.DataFrame | None
-    load_info: dict[str, Any] | None  # load.json
+    load_info: LoadInfo | None
+    peaks: MachinePeaks | None = None
     prompts: dict[int, str] = field(default_factory=dict)
     locust_stats: pd.DataFrame | None = None
     window: tuple[float, float] = (math.nan, math.nan)
@@ -76,9 +83,13 @@ class RunDataset:
         if manifest is None and client is None:
             raise DatasetError(f"{path} is not a run directory: it has neither {MANIFEST_NAME} nor "
                                f"{CLIENT_TABLE}.parquet")
-        load = _read_json(path / LOAD_NAME)
+        run_dir = RunDirectory(path)
+        try:
+            load, peaks = run_dir.load_info(), run_dir.read_peaks()
+        except (RunFileError, KeyError, TypeError) as exc:
+            raise DatasetError(f"{path}: {exc}") from exc
         stats_path = path / LOCUST_STATS_NAME
-        dataset = cls(path=path, manifest=manifest, frames=frames, client=client, load_info=load,
+        dataset = cls(path=path, manifest=manifest, frames=frames, client=client, load_info=load, peaks=peaks,
                       prompts=_read_prompts(path / PLAN_NAME),
                       locust_stats=pd.read_csv(stats_path) if stats_path.is_file() else None)
         dataset.window = dataset._measurement_window()
@@ -108,13 +119,18 @@ class RunDataset:
     def model(self) -> str | None:
         if self.manifest is not None and self.manifest.model:
             return self.manifest.model
-        return (self.load_info or {}).get("model")
+        return self.load_info.model if self.load_info is not None else None
+
+    @property
+    def model_shape(self) -> ModelShape | None:
+        """The served model's shape as the run recorded it (None for a model unknown where the run started)."""
+        return self.manifest.model_shape if self.manifest is not None else None
 
     @property
     def load_config(self) -> dict[str, Any]:
         """The load point's settings (``LoadConfig.to_dict()``), else what run.json says of the workload."""
-        if self.load_info is not None and isinstance(self.load_info.get("config"), dict):
-            return self.load_info["config"]
+        if self.load_info is not None:
+            return self.load_info.config
         if self.manifest is not None and isinstance(self.manifest.workload, dict):
             return self.manifest.workload.get("config", self.manifest.workload)
         return {}
@@ -199,27 +215,23 @@ class RunDataset:
 def load_points(path: str | os.PathLike[str]) -> list[RunDataset]:
     """The load points under ``path``: a sweep directory's points (``sweep.json``), else ``path`` itself."""
     path = Path(path)
-    sweep = _read_json(path / SWEEP_NAME)
+    sweep = read_sweep(path)
     if sweep is None:
         return [RunDataset.load(path)]
-    return [RunDataset.load(path / point["dir"]) for point in sweep["points"]]
+    return [RunDataset.load(path / point.dir) for point in sweep.points]
+
+
+def read_sweep(path: str | os.PathLike[str]) -> SweepIndex | None:
+    """The sweep index of ``path``, or None when it is not a sweep directory."""
+    try:
+        return RunDirectory(path).sweep_index()
+    except RunFileError as exc:
+        raise DatasetError(str(exc)) from exc
 
 
 def sweep_parameter(path: str | os.PathLike[str]) -> str | None:
-    sweep = _read_json(Path(path) / SWEEP_NAME)
-    return None if sweep is None else str(sweep["parameter"])
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise DatasetError(f"{path} must hold a JSON object")
-    return data
+    sweep = read_sweep(path)
+    return None if sweep is None else sweep.parameter
 
 
 def _read_client_rows(path: Path) -> pd.DataFrame:

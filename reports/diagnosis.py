@@ -11,7 +11,6 @@ Every rule's evidence goes into the result, passed or not.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +18,13 @@ from typing import Any
 
 import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
-from reports.ablation import ablation_table, read_ablation_index
+from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
+from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.evidence import BOTTLENECKS, RULES, Bottleneck, Evidence, Facts, SweepMeasures
 from reports.levers import lever_for
-from reports.measures import client_measures, prometheus_measures, server_measures
-from reports.roofline import read_peaks, resolve_model_shape, roofline_summary, step_work
+from reports.roofline import roofline_summary, step_work
+from reports.summary import PointMeasures, RunSummary, point_measures
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
 SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "sweep": 0.7, "client": 0.5}
@@ -114,16 +114,14 @@ class Diagnosis:
         return cls.from_dict(json.loads(text))
 
 
-def facts_for(data: RunDataset, sweep: SweepMeasures | None = None) -> Facts:
+def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None) -> Facts:
     """Every measure of one load point the rules read."""
-    server = server_measures(data)
     roofline = None
-    config = data.engine_config
-    shape = resolve_model_shape(data.model, config.get("dtype", "float32")) if server is not None else None
-    if shape is not None:
-        roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, read_peaks(data.path))
-    return Facts(server=server, client=client_measures(data), prometheus=prometheus_measures(data),
-                 roofline=roofline, engine_config=config, sweep=sweep)
+    shape = data.model_shape
+    if measures.server is not None and shape is not None:
+        roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, data.peaks)
+    return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
+                 roofline=roofline, engine_config=data.engine_config, sweep=sweep)
 
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:
@@ -153,55 +151,82 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
 
 
 def diagnose_dataset(data: RunDataset, sweep: SweepMeasures | None = None) -> Diagnosis:
-    return decide(facts_for(data, sweep), data.label)
+    return decide(facts_for(data, point_measures(data), sweep), data.label)
 
 
-def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
-    """The verdict on a run directory, a sweep directory (``sweep.json``) as a whole, or an ablation.
+@dataclass(slots=True)
+class Analysis:
+    """A run, sweep or ablation directory, loaded once, measured once and judged.
 
-    An ablation directory (``ablation.json``) is judged by its baseline variant, with the
-    ablation table in ``metrics["ablation"]``.
+    ``points`` are the load points in order of load (an ablation's: its baseline variant's);
+    ``summary`` holds their measures and ``facts`` those the verdict read, at the heaviest point.
+    """
+
+    root: Path
+    points: list[RunDataset]
+    summary: RunSummary
+    facts: Facts
+    diagnosis: Diagnosis
+    point_verdicts: list[Diagnosis]  # one per point (the verdict itself for a single point)
+    ablation: AblationTable | None = None
+
+    @property
+    def focus(self) -> RunDataset:
+        return self.points[-1]
+
+
+def analyze(path: str | os.PathLike[str]) -> Analysis:
+    """Load, measure and judge the directory at ``path``: a run, a sweep (``sweep.json``) or an ablation.
 
     A sweep is judged at its heaviest point, where a limit shows most, with the way throughput,
     TTFT and TPOT move across the points as evidence; every point's own verdict is in
-    ``metrics["points"]``.
+    ``metrics["points"]``. An ablation directory (``ablation.json``) is judged by its baseline
+    variant, with the ablation table in ``metrics["ablation"]``.
     """
-    index = read_ablation_index(path)
+    root = Path(path)
+    index = read_ablation_index(root)
+    run_path = root / index.baseline_dir if index is not None else root
+    points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
+    parameter = sweep_parameter(run_path)
+    measures = [point_measures(p) for p in points]
+    verdicts = [decide(facts_for(p, m), p.label) for p, m in zip(points, measures, strict=True)]
+    sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
+    facts = facts_for(points[-1], measures[-1], sweep)
+    diagnosis = decide(facts, points[-1].label) if sweep is not None else verdicts[-1]
+    if len(points) > 1:
+        diagnosis.metrics["points"] = [
+            {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
+            for m, v in zip(measures, verdicts, strict=True)]
+    ablation = None
     if index is not None:
-        baseline = next(v["dir"] for v in index["variants"] if v["name"] == index["baseline"])
-        result = diagnose(Path(path) / baseline)
-        table = ablation_table(path)
-        result.metrics["ablation"] = table.to_dict() if table is not None else None
-        return result
-    points = load_points(path)
-    if len(points) == 1:
-        return diagnose_dataset(points[0])
-    ordered = sorted(points, key=lambda p: p.concurrency or 0.0)
-    per_point = [(p, diagnose_dataset(p)) for p in ordered]
-    sweep = sweep_measures(sweep_parameter(path) or "load", [(p, d.metrics) for p, d in per_point])
-    result = diagnose_dataset(ordered[-1], sweep)
-    result.metrics["points"] = [
-        {"label": p.label, "concurrency": p.concurrency, "bottleneck": d.bottleneck, "confidence": d.confidence,
-         "server": d.metrics["server"], "client": d.metrics["client"], "prometheus": d.metrics["prometheus"]}
-        for p, d in per_point]
-    return result
+        ablation = ablation_table(root, verdict=lambda point: diagnose_dataset(point).bottleneck)
+        diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
+    return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
+                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation)
 
 
-def sweep_measures(parameter: str, points: list[tuple[RunDataset, dict[str, Any]]]) -> SweepMeasures | None:
+def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
+    """The verdict on a run directory, a sweep directory as a whole, or an ablation (see :func:`analyze`)."""
+    return analyze(path).diagnosis
+
+
+def sweep_measures(parameter: str, points: list[PointMeasures]) -> SweepMeasures | None:
     """Lightest vs heaviest point of a sweep (points ordered by load), from their client measures."""
     low, high = points[0], points[-1]
-    if low[0].concurrency is None or high[0].concurrency is None:
+    if low.concurrency is None or high.concurrency is None or low.client is None or high.client is None:
         return None
-    lc, hc = low[1].get("client") or {}, high[1].get("client") or {}
+    lc, hc = low.client, high.client
 
-    def ratio(key: str, stat: str | None = None) -> float | None:
-        a = lc.get(key) if stat is None else (lc.get(key) or {}).get(stat)
-        b = hc.get(key) if stat is None else (hc.get(key) or {}).get(stat)
+    def ratio(a: float | None, b: float | None) -> float | None:
         return b / a if a and b is not None else None
 
-    return SweepMeasures(parameter=parameter, low=low[0].concurrency, high=high[0].concurrency,
-                         throughput_ratio=ratio("output_throughput"), ttft_ratio=ratio("ttft_s", "p50"),
-                         tpot_ratio=ratio("tpot_s", "p50"))
+    def p50(dist: dict[str, float] | None) -> float | None:
+        return dist["p50"] if dist else None
+
+    return SweepMeasures(parameter=parameter, low=low.concurrency, high=high.concurrency,
+                         throughput_ratio=ratio(lc.output_throughput, hc.output_throughput),
+                         ttft_ratio=ratio(p50(lc.ttft_s), p50(hc.ttft_s)),
+                         tpot_ratio=ratio(p50(lc.tpot_s), p50(hc.tpot_s)))
 
 
 def _confidence(source: str, chosen: Finding, evidence: dict[str, Evidence], deciding: list[Evidence],
@@ -221,20 +246,13 @@ def _label(confidence: float) -> str:
     return "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
 
 
-def json_safe(value: Any) -> Any:
-    """NaN and infinity become null (JSON has neither); numpy scalars become Python numbers."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, str | bytes):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_diagnosis(path: str | os.PathLike[str], diagnosis: Diagnosis) -> Path:
-    from probes.run_dir import RunDirectory
+    return RunDirectory(path).save(DIAGNOSIS_NAME, diagnosis)
 
-    return RunDirectory(path).write_json("diagnosis.json", json_safe(diagnosis.to_dict()))
+
+def read_diagnosis(path: str | os.PathLike[str]) -> Diagnosis:
+    return RunDirectory(path).load(DIAGNOSIS_NAME, Diagnosis) or _missing(Path(path) / DIAGNOSIS_NAME)
+
+
+def _missing(path: Path) -> Diagnosis:
+    raise FileNotFoundError(f"{path} is missing: run `servescope report {path.parent}` first")

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probes.peaks import MachinePeaks
 from reports.dataset import RunDataset
 from reports.measures import (
     GAUGE_RUNNING,
@@ -22,7 +23,7 @@ from reports.measures import (
     kv_usage_series,
     prometheus_series,
 )
-from reports.roofline import MachinePeaks
+from reports.summary import PointMeasures
 
 # Steps are averaged into at most this many time bins, so a long run stays a small file.
 MAX_TIMELINE_POINTS = 600
@@ -194,16 +195,17 @@ def wait_limits_figure(server: ServerMeasures) -> go.Figure | None:
     return fig
 
 
-def concurrency_figure(points: Sequence[RunDataset], measures: Sequence[dict], parameter: str) -> go.Figure | None:
+def concurrency_figure(points: Sequence[PointMeasures], parameter: str) -> go.Figure | None:
     """Output throughput and median TTFT/TPOT against the swept load."""
     xs = [p.concurrency for p in points]
     if len(points) < 2 or any(x is None for x in xs):
         return None
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    tput = [(m.get("client") or {}).get("output_throughput") for m in measures]
+    tput = [p.client.output_throughput if p.client else None for p in points]
     fig.add_trace(go.Scatter(x=xs, y=tput, name="output tokens/s", mode="lines+markers"), secondary_y=False)
     for key, name in (("ttft_s", "TTFT p50 (ms)"), ("tpot_s", "TPOT p50 (ms)")):
-        ys = [((m.get("client") or {}).get(key) or {}).get("p50") for m in measures]
+        dists = [getattr(p.client, key) if p.client else None for p in points]
+        ys = [d["p50"] if d else None for d in dists]
         fig.add_trace(go.Scatter(x=xs, y=[y * 1000 if y is not None else None for y in ys], name=name,
                                  mode="lines+markers", line={"dash": "dot"}), secondary_y=True)
     fig.update_xaxes(title_text=parameter)

@@ -18,6 +18,7 @@ import pandas as pd
 from reports.dataset import RunDataset
 
 PERCENTILES = (50, 90, 95, 99)
+MAX_ERRORS_SHOWN = 5
 # Why requests waited, one label per step in which some did (see waiting_limits).
 LIMIT_CAP, LIMIT_MEMORY, LIMIT_BUDGET, LIMIT_IDLE = "max_num_seqs", "kv_memory", "token_budget", "idle_seats"
 WAIT_LIMITS = (LIMIT_CAP, LIMIT_MEMORY, LIMIT_BUDGET, LIMIT_IDLE)
@@ -85,6 +86,8 @@ class ClientMeasures:
     in_flight: float | None  # mean requests open at once (Little's law: sum of E2E / window)
     decoding_streams: float | None  # output tok/s x mean TPOT: streams decoding at once
     goodput: dict[str, Any] | None
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)  # the commonest failures, by message
+    status_codes: dict[str, int] = dataclasses.field(default_factory=dict)  # of the failed requests
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -249,6 +252,7 @@ def client_measures(data: RunDataset, slo: dict[str, float] | None = None) -> Cl
     if rows.empty:
         return None
     ok = rows[rows["is_ok"].astype(bool)]
+    failed = rows[~rows["is_ok"].astype(bool)]
     window_s = data.window_s
     itl = [gap for gaps in ok["itl_s"] if gaps is not None for gap in gaps]
     output_tput = float(ok["num_output_tokens"].sum()) / window_s if window_s > 0 else None
@@ -262,6 +266,9 @@ def client_measures(data: RunDataset, slo: dict[str, float] | None = None) -> Cl
         in_flight=float(ok["e2e_s"].sum()) / window_s if window_s > 0 else None,
         decoding_streams=output_tput * tpot["mean"] if output_tput is not None and tpot else None,
         goodput=goodput(rows, slo, window_s) if slo else None,
+        errors={str(k): int(v) for k, v in
+                failed["error"].fillna("").astype(str).value_counts().head(MAX_ERRORS_SHOWN).items()},
+        status_codes={str(k): int(v) for k, v in failed["status_code"].fillna(0).astype(int).value_counts().items()},
     )
 
 

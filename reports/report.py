@@ -14,13 +14,11 @@ from typing import Any
 
 import jinja2
 
-from reports.ablation import AblationTable, read_ablation_index
-from reports.dataset import load_points, sweep_parameter
-from reports.diagnosis import Diagnosis, diagnose, facts_for, json_safe, sweep_measures, write_diagnosis
+from probes.run_dir import REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
+from reports.diagnosis import Diagnosis, analyze, write_diagnosis
 from reports.sections import ReportContext, section_views
+from reports.summary import RunSummary
 
-REPORT_NAME = "report.html"
-DIAGNOSIS_NAME = "diagnosis.json"
 TEMPLATES = Path(__file__).with_name("templates")
 
 
@@ -38,21 +36,12 @@ def plotly_js() -> str:
 
 
 def build_context(path: str | os.PathLike[str]) -> ReportContext:
-    """Load the directory at ``path`` and diagnose it (for an ablation: its baseline variant)."""
-    root = Path(path)
-    index = read_ablation_index(root)
-    run_path = root / next(v["dir"] for v in index["variants"] if v["name"] == index["baseline"]) if index else root
-    diagnosis = diagnose(root)
-    points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
-    focus = points[-1]
-    parameter = sweep_parameter(run_path)
-    sweep = None
-    if len(points) > 1:
-        sweep = sweep_measures(parameter or "load", [(p, m) for p, m in
-                                                     zip(points, diagnosis.metrics["points"], strict=True)])
-    ablation = AblationTable.from_dict(diagnosis.metrics["ablation"]) if index else None
-    return ReportContext(root=root, points=points, focus=focus, diagnosis=diagnosis, facts=facts_for(focus, sweep),
-                         sweep_parameter=parameter, ablation=ablation)
+    """Load the directory at ``path`` once and judge it (for an ablation: its baseline variant)."""
+    analysis = analyze(path)
+    return ReportContext(root=analysis.root, points=analysis.points, focus=analysis.focus,
+                         diagnosis=analysis.diagnosis, facts=analysis.facts, summary=analysis.summary,
+                         point_verdicts=analysis.point_verdicts, sweep_parameter=analysis.summary.sweep_parameter,
+                         ablation=analysis.ablation)
 
 
 def render(ctx: ReportContext) -> str:
@@ -62,21 +51,24 @@ def render(ctx: ReportContext) -> str:
 
 
 def write_report(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Write ``report.html`` and ``diagnosis.json`` into ``path`` (or ``out``); returns the diagnosis as a dict.
+    """Write ``report.html``, ``diagnosis.json`` and ``summary.json`` into ``path`` (or ``out``).
 
     ``path`` is a run directory, a sweep directory (``sweep.json``) or an ablation directory
-    (``ablation.json``); this is what ``servescope diagnose`` calls once its runs are written.
+    (``ablation.json``); returns the diagnosis as a dict.
     """
+    return json_safe(write_run_report(path, out)[0].to_dict())
+
+
+def write_run_report(path: str | os.PathLike[str],
+                     out: str | os.PathLike[str] | None = None) -> tuple[Diagnosis, RunSummary]:
+    """:func:`write_report`, returning the verdict and the measures it wrote (what the console shows)."""
     ctx = build_context(path)
-    target = Path(out) if out is not None else Path(path)
-    target.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDirectory(Path(out) if out is not None else Path(path))
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    run_dir.save(SUMMARY_NAME, ctx.summary)
     html = render(ctx)
-    tmp = target / f".{REPORT_NAME}.tmp"
+    tmp = run_dir.path / f".{REPORT_NAME}.tmp"
     tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, target / REPORT_NAME)
-    write_diagnosis(target, ctx.diagnosis)
-    return json_safe(ctx.diagnosis.to_dict())
-
-
-def read_diagnosis(path: str | os.PathLike[str]) -> Diagnosis:
-    return Diagnosis.from_json((Path(path) / DIAGNOSIS_NAME).read_text(encoding="utf-8"))
+    os.replace(tmp, run_dir.file(REPORT_NAME))
+    write_diagnosis(run_dir.path, ctx.diagnosis)
+    return ctx.diagnosis, ctx.summary

@@ -7,6 +7,7 @@ finds the same headings in every report.
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ from reports.ablation import AblationTable
 from reports.dataset import RunDataset
 from reports.diagnosis import Diagnosis
 from reports.evidence import Facts
-from reports.measures import PERCENTILES, distribution
-from reports.roofline import read_peaks, resolve_model_shape, step_work
+from reports.measures import PERCENTILES
+from reports.roofline import step_work
+from reports.summary import RunSummary
 
 _PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 SLOWEST_REQUESTS = 10
@@ -49,6 +51,8 @@ class ReportContext:
     focus: RunDataset
     diagnosis: Diagnosis
     facts: Facts
+    summary: RunSummary
+    point_verdicts: list[Diagnosis]
     sweep_parameter: str | None = None
     ablation: AblationTable | None = None
     _figure_count: int = 0
@@ -89,13 +93,20 @@ def table(columns: list[str], rows: list[list[Any]], caption: str = "", highligh
 
 
 def fmt(value: Any) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def share(value: float | None) -> str:
+    """A fraction as a percentage, with enough digits that a small share does not read as 0."""
+    if value is None:
+        return "–"
+    return f"{value:.1%}" if value == 0 or value >= 0.001 else f"{value * 100:.2g}%"
 
 
 def ms(value: float | None) -> str:
@@ -118,10 +129,9 @@ class VerdictSection(Section):
                   caption="Evidence: the rules that decided the verdict are highlighted", highlight=marks)]
         if d.also:
             out.insert(0, note(f"Also firing, lower in the decision order: {', '.join(d.also)}."))
-        points = d.metrics.get("points")
-        if points:
+        if len(ctx.points) > 1:
             out.append(table(["point", "verdict", "confidence"],
-                             [[p["label"], p["bottleneck"], p["confidence"]] for p in points],
+                             [[v.label, v.bottleneck, v.confidence] for v in ctx.point_verdicts],
                              caption="Verdict at each point of the sweep"))
         return out
 
@@ -146,12 +156,11 @@ class LatencySection(Section):
 
     def blocks(self, ctx: ReportContext) -> list[Block | None]:
         rows = []
-        for point in ctx.points:
-            ok = point.latencies[point.latencies["is_ok"].astype(bool)] if len(point.latencies) else point.latencies
+        for point in ctx.summary.points:
+            if point.client is None:
+                continue
             for column, name in figures.LATENCIES:
-                values = ok[column] if column != "itl_s" else [g for gaps in ok[column] if gaps is not None
-                                                                for g in gaps]
-                dist = distribution(values) if len(ok) else None
+                dist = getattr(point.client, column)
                 rows.append([point.label, name, *(ms(dist[k]) if dist else "–" for k in
                                                   ("mean", *(f"p{p}" for p in PERCENTILES), "max")),
                              dist["count"] if dist else 0])
@@ -193,7 +202,7 @@ class StepBreakdownSection(Section):
             return [note("No engine steps: the server was external, so its step times are not visible.")]
         steps = ctx.focus.steps_in_window()
         total = float(steps["total_s"].sum()) or 1.0
-        rows = [[p.removesuffix("_s"), float(steps[p].sum()) / total, ms(float(steps[p].mean()))]
+        rows = [[p.removesuffix("_s"), share(float(steps[p].sum()) / total), ms(float(steps[p].mean()))]
                 for p in figures.PHASES]
         return [table(["phase", "share of step time", "mean ms per step"], rows,
                       caption=f"{s.num_steps} steps, mean {s.mean_step_s * 1000:.2f} ms; idle gaps between steps "
@@ -206,20 +215,20 @@ class ConcurrencySection(Section):
     anchor, title = "concurrency", "Throughput vs concurrency"
 
     def blocks(self, ctx: ReportContext) -> list[Block | None]:
-        points = ctx.diagnosis.metrics.get("points")
-        if not points:
-            c = ctx.facts.client
+        rows = []
+        for m, verdict in zip(ctx.summary.points, ctx.point_verdicts, strict=True):
+            c, s = m.client, m.server
+            rows.append([m.label, c.output_throughput if c else None, c.request_throughput if c else None,
+                         ms(c.ttft_s["p50"] if c and c.ttft_s else None),
+                         ms(c.tpot_s["p50"] if c and c.tpot_s else None),
+                         f"{s.mean_batch:.1f}" if s is not None else None, verdict.bottleneck])
+        columns = ["point", "output tokens/s", "requests/s", "TTFT p50 ms", "TPOT p50 ms",
+                   "mean batch (step-time weighted)", "verdict"]
+        if len(ctx.points) < 2:
             return [note("A single load point; run a sweep (--sweep users=1,4,16) to see throughput against "
-                         "concurrency."),
-                    table(["point", "output tokens/s", "requests/s"],
-                          [[ctx.focus.label, c.output_throughput if c else None,
-                            c.request_throughput if c else None]])]
-        rows = [[p["label"], (p["client"] or {}).get("output_throughput"), (p["client"] or {}).get("request_throughput"),
-                 ms(((p["client"] or {}).get("ttft_s") or {}).get("p50")),
-                 ms(((p["client"] or {}).get("tpot_s") or {}).get("p50")), p["bottleneck"]] for p in points]
-        return [table(["point", "output tokens/s", "requests/s", "TTFT p50 ms", "TPOT p50 ms", "verdict"], rows),
-                ctx.figure(figures.concurrency_figure(sorted(ctx.points, key=lambda p: p.concurrency or 0.0),
-                                                      points, ctx.sweep_parameter or "load"))]
+                         "concurrency."), table(columns, rows)]
+        return [table(columns, rows),
+                ctx.figure(figures.concurrency_figure(ctx.summary.points, ctx.sweep_parameter or "load"))]
 
 
 @register
@@ -231,19 +240,35 @@ class RooflineSection(Section):
         if r is None:
             return [note("No roofline: it needs the engine's steps and the model's shape (external servers and "
                          "unknown models have neither).")]
-        peaks = read_peaks(ctx.focus.path)
-        rows = [["decode", r.num_decode_steps, r.decode_mbu, r.decode_mfu, r.decode_forward_mbu],
-                ["prefill", r.num_prefill_steps, r.prefill_mbu, r.prefill_mfu, None]]
+        peaks = ctx.focus.peaks
+        ratios = {"decode MBU": r.decode_mbu, "decode MFU": r.decode_mfu, "prefill MBU": r.prefill_mbu,
+                  "prefill MFU": r.prefill_mfu, "decode forward MBU": r.decode_forward_mbu}
+        above = {name: v for name, v in ratios.items() if v is not None and v > 1.0}
+
+        def roofed(value: float | None) -> float | str | None:
+            # NOTE: a share of the roof above 1 is impossible; it means the peaks were measured low.
+            return f"above the roof ({value:.2f})" if value is not None and value > 1.0 else value
+
+        rows = [["decode", r.num_decode_steps, roofed(r.decode_mbu), roofed(r.decode_mfu),
+                 roofed(r.decode_forward_mbu)],
+                ["prefill", r.num_prefill_steps, roofed(r.prefill_mbu), roofed(r.prefill_mfu), None]]
         caption = (f"{r.model.name}: {r.model.weight_bytes / 2**20:.1f} MiB of weights in {r.model.dtype}, "
                    f"{r.model.kv_bytes_per_token} KV bytes per token. ")
         caption += (f"Peaks on {peaks.device}: {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
                     f"{peaks.flops_per_s / 1e9:.1f} GFLOP/s ({peaks.method})" if peaks else
                     "No machine_peaks.json in the run: MBU and MFU need the peaks measured at run start.")
-        shape = resolve_model_shape(ctx.focus.model, ctx.focus.engine_config.get("dtype", "float32"))
-        work = step_work(ctx.focus.steps_in_window(), shape) if shape else None
-        return [table(["steps", "count", "MBU (median)", "MFU (median)", "MBU of the forward alone"], rows,
-                      caption=caption),
-                ctx.figure(figures.roofline_figure(work, peaks) if work is not None else None)]
+        work = step_work(ctx.focus.steps_in_window(), r.model)
+        out: list[Block | None] = []
+        if above:
+            out.append(note("Not plotted: " + ", ".join(f"{k} {v:.2f}" for k, v in above.items())
+                            + " exceed 1, which no step can reach; the peaks in machine_peaks.json were measured "
+                              "too low (on a busy machine, or while the load ran). Rerun so the peaks are "
+                              "measured on an idle device."))
+        out.append(table(["steps", "count", "MBU (median)", "MFU (median)", "MBU of the forward alone"], rows,
+                         caption=caption))
+        if not above:
+            out.append(ctx.figure(figures.roofline_figure(work, peaks)))
+        return out
 
 
 @register

@@ -7,14 +7,18 @@ import contextlib
 import dataclasses
 import importlib
 import ipaddress
+import json
 import os
 import signal
+import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from engine.cli import add_engine_args, engine_config_from_args
 from engine.config import EngineConfig
+from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
 from engine.server.serving_engine import ServingEngine
 
@@ -43,6 +47,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    serve.add_argument("--port-file", default=None,
+                       help="write the port listened on here once bound (with --port 0: a free one)")
     add_engine_args(serve)
     serve.set_defaults(func=run_serve)
 
@@ -71,12 +77,25 @@ def build_engine(kind: str, config: EngineConfig) -> ServingEngine:
     return factory(config)
 
 
-def run_serve(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, slots=True)
+class ServeHooks:
+    """What a caller adds around ``serve``'s start-up, e.g. the probes of ``servescope diagnose``.
+
+    ``before_engine`` runs with the config before the engine takes the device; ``attach`` wraps the
+    whole time the server runs (it sees the exception, if one ends it).
+    """
+
+    before_engine: Callable[[EngineConfig], None] | None = None
+    attach: Callable[[ServingEngine], contextlib.AbstractContextManager[Any]] | None = None
+
+
+def run_serve(args: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     """Load the engine, then serve until SIGTERM/SIGINT; 0 after a clean shutdown."""
     import uvicorn
 
     from engine.server.app import ServerSettings, build_app
 
+    hooks = hooks or ServeHooks()
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
@@ -85,17 +104,35 @@ def run_serve(args: argparse.Namespace) -> int:
     if not _is_loopback(args.host) and api_key is None:
         print(f"servescope: warning: serving on {args.host} without --api-key; anyone who can reach it can use it",
               file=sys.stderr)
-    engine = build_engine(args.engine, engine_config_from_args(args))
+    config = engine_config_from_args(args)
+    if hooks.before_engine is not None:
+        hooks.before_engine(config)
+    engine = build_engine(args.engine, config)
     settings = ServerSettings(api_key=api_key, max_waiting=args.max_waiting)
     if args.max_body_bytes is not None:
         settings = dataclasses.replace(settings, max_body_bytes=args.max_body_bytes)
     app = build_app(engine, settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = uvicorn.Server(config)
-    with _signals_end_quietly():
-        server.run()
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           lifespan="on", timeout_graceful_shutdown=args.shutdown_timeout))
+    sockets = None
+    if args.port_file:
+        # NOTE: bound here, before uvicorn starts, so --port 0 gets a free port with no race and the
+        # port file names a socket that is already listening (or about to accept, once lifespan ends).
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        sockets = [socket.create_server((args.host, args.port), family=family)]
+        _write_atomic(Path(args.port_file), json.dumps({"port": sockets[0].getsockname()[1], "pid": os.getpid()}))
+    attached = hooks.attach(engine) if hooks.attach is not None else contextlib.nullcontext()
+    # NOTE: the app's lifespan has joined the engine thread before server.run() returns, so
+    # whatever ``attach`` does on exit never races a step.
+    with attached, _signals_end_quietly():
+        server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,8 @@ from engine.request import Request, RequestId
 from engine.sampling_params import SamplingParams as Params
 from engine.scheduler import Scheduler
 from engine.weights import load_model
-from reports.roofline import ModelShape, measure_peaks
+from probes.model_shape import ModelShape
+from probes.peaks import measure_peaks
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, max_position_embeddings=4096)

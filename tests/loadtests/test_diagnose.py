@@ -90,13 +90,14 @@ def test_diagnose_the_dummy_model(tmp_path) -> None:
     diagnosis = json.loads((out / "diagnosis.json").read_text())
     assert {"bottleneck", "evidence", "metrics"} <= set(diagnosis)
     assert diagnosis["bottleneck"] in VERDICTS
-    metrics = json.loads((out / "summary.json").read_text())
-    assert metrics["num_requests"] == int((~rows["is_warmup"]).sum()) == metrics["num_ok"]
-    assert metrics["accounting"]["is_consistent"]
-    assert metrics["goodput"]["fraction"] == 1.0
-    assert metrics["server"]["max_batch_size"] >= 2  # four users: the engine batched them
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    client = point["client"]
+    assert client["num_requests"] == int((~rows["is_warmup"]).sum()) == client["num_ok"]
+    assert point["accounting"]["is_consistent"]
+    assert client["goodput"]["fraction"] == 1.0
+    assert point["server"]["max_batch"] >= 2  # four users: the engine batched them
     for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
-        assert metrics[name]["p50"] <= metrics[name]["p99"]
+        assert client[name]["p50"] <= client[name]["p99"]
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["status"] == "complete"
     assert manifest["workload"]["config"]["users"] == 4 and manifest["seeds"]["workload"] == 0
@@ -129,8 +130,8 @@ def test_default_diagnose_as_readme_runs_it(tmp_path) -> None:
     out = runs[0]
     rows = check_nothing_lost(out)
     check_times(rows)
-    metrics = json.loads((out / "summary.json").read_text())
-    assert metrics["model"] == "smollm2-135m" and metrics["num_ok"] > 0
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    assert point["model"] == "smollm2-135m" and point["client"]["num_ok"] > 0
     assert json.loads((out / "diagnosis.json").read_text())["bottleneck"] in VERDICTS
     assert (out / "report.html").is_file()
 

@@ -14,9 +14,17 @@ from loadtests.cli import main
 from loadtests.client_table import load_client_requests
 from loadtests.locust_runner import read_locust_stats
 from loadtests.server_process import ServerProcess
-from loadtests.summary import point_metrics, summary_metrics, write_measurements_only
+from probes.run_dir import SUMMARY_NAME, RunDirectory
+from reports.summary import PointMeasures, RunSummary
 from tests.loadtests.conftest import FAST_LOAD
 from tests.loadtests.scripted_server import FINISH_TO_USAGE_S, ROLE_TO_CONTENT_S, scripted_server
+
+
+def measured(out) -> PointMeasures:
+    """The one point of the run in ``out``, as its summary.json holds it."""
+    summary = RunDirectory(out).load(SUMMARY_NAME, RunSummary)
+    assert summary is not None and len(summary.points) == 1
+    return summary.points[0]
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
@@ -44,7 +52,7 @@ def test_ttft_is_the_first_content_token_and_usage_does_not_move_the_end(tmp_pat
     stats = read_locust_stats(out)
     http = stats[(stats["Type"] == "POST")]
     assert int(http["Request Count"].sum()) == len(rows)
-    assert point_metrics(out)["accounting"]["is_consistent"]
+    assert measured(out).accounting.is_consistent
 
 
 def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_server: ServerProcess) -> None:
@@ -64,9 +72,9 @@ def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_
     expected = list(itertools.islice(OpenLoopArrivals(rate).gaps(worker_rng(seed, 0)), n))
     assert np.allclose(np.diff(scheduled), expected[1:], atol=1e-6)
     assert (sends >= scheduled - 1e-6).all()  # never early
-    metrics = point_metrics(out)
-    assert metrics["accounting"]["is_consistent"], metrics["accounting"]
-    assert metrics["open_loop"]["offered_rate_per_s"] == rate
+    point = measured(out)
+    assert point.accounting.is_consistent, point.accounting
+    assert point.open_loop is not None and point.open_loop.offered_rate_per_s == rate
 
 
 def test_burst_workload_sends_groups_that_arrive_together(tmp_path, dummy_server: ServerProcess) -> None:
@@ -76,7 +84,7 @@ def test_burst_workload_sends_groups_that_arrive_together(tmp_path, dummy_server
     rows = load_client_requests(out)
     groups = rows.groupby("scheduled_time").size()
     assert len(groups) >= 2 and (groups == 4).all()  # every arrival carried exactly 4 requests
-    assert point_metrics(out)["accounting"]["is_consistent"]
+    assert measured(out).accounting.is_consistent
 
 
 def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: ServerProcess) -> None:
@@ -85,20 +93,17 @@ def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: Ser
                  *FAST_LOAD, "--slo", "ttft=60,tpot=60", "--out", str(out)]) == 0
     sweep = json.loads((out / "sweep.json").read_text())
     assert [p["dir"] for p in sweep["points"]] == ["users-1", "users-3"]
-    points = json.loads((out / "summary.json").read_text())["points"]
-    assert [p["users"] for p in points] == [1, 3]
-    for point in points:
-        assert point["accounting"]["is_consistent"], point["accounting"]
-        assert point["num_ok"] == point["num_requests"] > 0
-        assert point["goodput"]["fraction"] == 1.0  # bounds no request can miss
-        assert len(pd.read_parquet(out / point["point"] / "prometheus.parquet")) > 0  # its /metrics, scraped
-    assert "users-3" in (out / "report.html").read_text()
-    # Without the report package, the measurements alone, and no verdict.
-    result = write_measurements_only(out, summary_metrics(out))
-    assert result["bottleneck"] == "undetermined"
-    assert json.loads((out / "diagnosis.json").read_text())["metrics"]["points"][1]["users"] == 3
+    summary = RunDirectory(out).load(SUMMARY_NAME, RunSummary)
+    assert summary is not None and summary.sweep_parameter == "users"
+    assert [p.load["users"] for p in summary.points] == [1, 3]
+    for point in summary.points:
+        assert point.accounting.is_consistent, point.accounting
+        assert point.client is not None and point.client.num_ok == point.client.num_requests > 0
+        assert point.client.goodput["fraction"] == 1.0  # bounds no request can miss
+        assert len(pd.read_parquet(out / point.label / "prometheus.parquet")) > 0  # its /metrics, scraped
+    assert json.loads((out / "diagnosis.json").read_text())["metrics"]["points"][1]["concurrency"] == 3
     html = (out / "report.html").read_text()
-    assert "users-1" in html and "users-3" in html and "<script" not in html
+    assert "users-1" in html and "users-3" in html
 
 
 def test_an_unreachable_target_is_a_clear_error(tmp_path, capsys) -> None:

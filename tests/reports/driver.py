@@ -22,18 +22,27 @@ from typing import Any
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.baselines import NaiveEngine, StaticBatchEngine
 from engine.weights import LoadedModel, load_model
-from loadtests.client_table import CLIENT_TABLE, records_table
+from loadtests.client_table import records_table
 from loadtests.config import LoadConfig
-from loadtests.plan import PLAN_NAME, PlannedRequest, write_plan
+from loadtests.plan import PlannedRequest, write_plan
 from loadtests.records import ClientRecord
 from loadtests.workloads import make_workload
 from probes.base import Probe
 from probes.host import HostProbe
 from probes.manifest import RunManifest
+from probes.peaks import MachinePeaks, measure_peaks
 from probes.prometheus import PrometheusProbe
-from probes.run_dir import RunDirectory
+from probes.run_dir import (
+    CLIENT_TABLE,
+    LOAD_NAME,
+    PLAN_NAME,
+    SWEEP_NAME,
+    LoadInfo,
+    RunDirectory,
+    SweepIndex,
+    SweepPoint,
+)
 from probes.session import ProbeSession
-from reports.roofline import MachinePeaks, measure_peaks, write_peaks
 
 ENGINE_KINDS = ("continuous", "static", "naive")
 # Seconds in-flight requests get to finish after the load stops before they are aborted.
@@ -125,7 +134,8 @@ def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: st
         if endpoint is not None:
             endpoint.close()
     run_dir.write_table(CLIENT_TABLE, records_table(records))
-    run_dir.write_json("load.json", {**info, "target": "in-process"})
+    run_dir.save(LOAD_NAME, LoadInfo(config=info["config"], server=info["server"], model=info["model"],
+                                     target="in-process"))
     return out
 
 
@@ -133,7 +143,7 @@ def _session(run_dir: RunDirectory, engine: Any, info: dict[str, Any], load: Loa
              endpoint: MetricsEndpoint | None) -> ProbeSession:
     seeds = {"workload": load.seed}
     if not external:
-        write_peaks(run_dir.path, shared_peaks())
+        run_dir.write_peaks(shared_peaks())
         return ProbeSession.for_engine(engine, run_dir.path, workload=info, seeds=seeds,
                                        prometheus_url=endpoint.url if endpoint else None,
                                        host_interval_s=0.25, nvml_interval_s=1.0)
@@ -153,9 +163,8 @@ def run_sweep(out: Path, users: Sequence[int], load: Load, engine: Mapping[str, 
         point = dataclasses.replace(load, users=n, rate=None)
         name = point.load_config().point_name
         run(out / name, point, engine, kind, external, metrics)
-        points.append({"value": float(n), "dir": name})
-    RunDirectory(out).write_json("sweep.json", {"parameter": "users", "values": [float(n) for n in users],
-                                                "points": points})
+        points.append(SweepPoint(float(n), name))
+    RunDirectory(out).save(SWEEP_NAME, SweepIndex("users", points))
     return out
 
 

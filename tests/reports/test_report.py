@@ -47,3 +47,37 @@ def test_report_into_another_directory(scenario_dir, tmp_path) -> None:
     path = scenario_dir("open-loop-trickle")
     result = write_report(path, tmp_path / "out")
     assert (tmp_path / "out" / "report.html").is_file() and result["bottleneck"] == "none"
+
+
+def _section(page: str, anchor: str) -> str:
+    start = page.index(f'<section id="{anchor}">')
+    return page[start:page.index("</section>", start)]
+
+
+def test_successful_requests_show_no_error_and_shares_read_as_percentages(markup_run) -> None:
+    write_report(markup_run)
+    page = (markup_run / "report.html").read_text(encoding="utf-8")
+    requests = _section(page, "requests")
+    assert ">nan<" not in requests and ">None<" not in requests
+    steps = _section(page, "steps")
+    shares = re.findall(r"<tr><td>(schedule|prepare|forward|sample|output|host_overhead)</td><td>([^<]*)</td>", steps)
+    assert len(shares) == 6 and all(share.endswith("%") for _, share in shares)
+
+
+def test_a_roofline_above_the_roof_is_refused_with_a_note(scenario_dir, tmp_path) -> None:
+    """Peaks measured far too low (as under load) put steps above the roof: the figure is not drawn."""
+    import shutil
+
+    from probes.run_dir import RunDirectory
+
+    run = tmp_path / "run"
+    shutil.copytree(scenario_dir("two-users-large-pool"), run)
+    directory = RunDirectory(run)
+    peaks = directory.read_peaks()
+    assert peaks is not None
+    peaks.bandwidth_bytes_per_s /= 1e4
+    peaks.flops_per_s /= 1e4
+    directory.write_peaks(peaks)
+    write_report(run)
+    roofline = _section((run / "report.html").read_text(encoding="utf-8"), "roofline")
+    assert "Not plotted" in roofline and "above the roof" in roofline and "Plotly.newPlot" not in roofline

@@ -10,16 +10,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
 from engine.weights.dummy import DUMMY_CONFIGS
+from probes.model_shape import ModelShape, resolve_model_shape
+from probes.peaks import MachinePeaks, measure_peaks
+from probes.run_dir import RunDirectory
 from reports.dataset import RunDataset
 from reports.diagnosis import facts_for
-from reports.roofline import (
-    MachinePeaks,
-    ModelShape,
-    measure_peaks,
-    read_peaks,
-    resolve_model_shape,
-    step_work,
-)
+from reports.roofline import step_work
+from reports.summary import point_measures
 
 
 class _Steps:
@@ -38,7 +35,9 @@ def test_peaks_are_measured_and_round_trip(tmp_path) -> None:
     assert peaks.bandwidth_bytes_per_s > 0 and peaks.flops_per_s > 0
     assert math.isfinite(peaks.ridge_intensity)
     assert MachinePeaks.from_dict(peaks.to_dict()) == peaks
-    assert read_peaks(tmp_path) is None
+    assert RunDirectory(tmp_path).read_peaks() is None
+    RunDirectory(tmp_path).write_peaks(peaks)
+    assert RunDirectory(tmp_path).read_peaks() == peaks
 
 
 def test_step_flops_match_torchs_flop_counter_on_a_llama_shape() -> None:
@@ -75,7 +74,8 @@ def test_decode_intensity_rises_with_the_batch() -> None:
 
 def test_a_run_gets_mbu_and_mfu_for_decode_and_prefill(scenario_dir) -> None:
     data = RunDataset.load(scenario_dir("two-users-large-pool"))
-    roofline = facts_for(data).roofline
+    assert data.model_shape is not None  # recorded in run.json by the probe session
+    roofline = facts_for(data, point_measures(data)).roofline
     assert roofline is not None and roofline.peaks is not None
     assert roofline.num_decode_steps > 0 and roofline.num_prefill_steps > 0
     for value in (roofline.decode_mbu, roofline.decode_mfu, roofline.prefill_mbu, roofline.prefill_mfu):

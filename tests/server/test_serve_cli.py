@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine.cli import build_parser, engine_config_from_args
+from engine.cli import build_parser
+from engine.flags import engine_config_from_args
 from engine.server.app import ServerSettings
 from engine.server.cli import build_engine, run_serve
 from tests.server.conftest import MODEL, start_server, stop_server
