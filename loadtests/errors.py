@@ -15,5 +15,9 @@ class LocustFailedError(RunFailedError):
     """Locust exited with an error; the message carries its log's tail."""
 
 
+class NoVerdictError(RunFailedError):
+    """The run and its report are written, but too many requests failed for a verdict."""
+
+
 class ReportFailedError(RunFailedError):
     """The run is written, but its summary or report could not be."""

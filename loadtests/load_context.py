@@ -7,6 +7,7 @@ plan, this worker's share of it, the journal and the clock. Stdlib and Locust on
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,10 @@ TTFT_ROW, ITL_ROW, TPOT_ROW = "TTFT", "ITL", "TPOT"
 WARMUP_SUFFIX = " [warm-up]"
 
 RequestEvent = Callable[..., Any]  # Locust's events.request.fire
+# After a failed request the user waits before its next one, doubling per failure in a row (a dead or
+# refusing server must not see thousands of connections a second); a success resets it.
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 2.0
 
 
 @dataclass(slots=True)
@@ -52,6 +57,7 @@ class LoadContext:
     journal: Journal | None = None
     num_sent: int = 0
     num_active_users: int = 0
+    num_failures_in_a_row: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.worker_index < self.num_workers:
@@ -107,6 +113,13 @@ class LoadContext:
             body["prompt"] = item.prompt
         return body
 
+    def backoff_s(self, is_ok: bool) -> float:
+        """How long to wait before the next request, given how the last one went (see ``BACKOFF_*``)."""
+        self.num_failures_in_a_row = 0 if is_ok else self.num_failures_in_a_row + 1
+        if is_ok:
+            return 0.0
+        return min(BACKOFF_FIRST_S * 2 ** (self.num_failures_in_a_row - 1), BACKOFF_MAX_S)
+
     def headers(self) -> dict[str, str]:
         api_key = os.environ.get(API_KEY_ENV)
         return {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -160,6 +173,10 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
         ctx.journal.write(record)
     if record.is_ok:
         report_token_rows(fire, record, suffix)
+    wait_s = ctx.backoff_s(record.is_ok)
+    if wait_s:
+        # NOTE: Locust monkey-patches time.sleep to yield to the other users.
+        time.sleep(min(wait_s, max(ctx.deadline - ctx.clock.now(), 0.0)))
 
 
 def _read_response(response: Any, ctx: LoadContext, record: ClientRecord) -> None:

@@ -11,24 +11,20 @@ describes the files in each.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
 from loadtests.client_table import merge_journals
 from loadtests.config import LoadConfig
-from loadtests.errors import ReportFailedError
+from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.locust_runner import run_locust
 from loadtests.plan import build_plan, write_plan
 from loadtests.progress import LoadProgress, summary_table
 from loadtests.server_process import ServerProcess
 from loadtests.summary import Summary, write_summary
+from loadtests.target import Target, discover_target, probe_request
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
 from probes.run_dir import (
@@ -44,41 +40,6 @@ from probes.run_dir import (
 )
 
 SERVER_STARTUP_TIMEOUT_S = 600.0
-
-
-@dataclass(slots=True, frozen=True)
-class Target:
-    """The server under load, as its own endpoints describe it."""
-
-    url: str
-    model: str
-    max_model_len: int | None
-    has_metrics: bool
-
-    @property
-    def metrics_url(self) -> str | None:
-        return f"{self.url}/metrics" if self.has_metrics else None
-
-
-def discover_target(url: str, served_model: str | None = None, api_key: str | None = None) -> Target:
-    """Ask ``url`` for its models (``/v1/models``) and whether it serves Prometheus ``/metrics``."""
-    url = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        models = _get_json(f"{url}/v1/models", headers)["data"]
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{url} does not answer GET /v1/models as an OpenAI-compatible server: {exc}") from exc
-    names = [m.get("id") for m in models]
-    if served_model is not None:
-        if served_model not in names:
-            raise ValueError(f"{url} does not serve {served_model!r}; it serves {names}")
-        card = models[names.index(served_model)]
-    elif models:
-        card = models[0]
-    else:
-        raise ValueError(f"{url} lists no models at /v1/models")
-    max_len = card.get("max_model_len")
-    return Target(url, str(card["id"]), int(max_len) if isinstance(max_len, int) else None, _has_metrics(url))
 
 
 def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: TokenizerLike, console: Console,
@@ -157,6 +118,11 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
     from probes.session import ProbeSession
 
     target = discover_target(url, served_model, api_key)
+    probe = probe_request(target, configs[0].api, configs[0].ignore_eos, api_key)
+    if probe.dropped_fields:
+        console.print(f"[yellow]note:[/] {target.url} refuses {', '.join(probe.dropped_fields)}; the load goes on "
+                      f"without it (recorded in load.json and run.json)")
+        configs = [dataclasses.replace(c, ignore_eos=False) for c in configs]
     name = tokenizer_name or (target.model if is_known_model(target.model) else DEFAULT_TOKENIZER)
     if tokenizer_name is None and name != target.model:
         console.print(f"[yellow]note:[/] no tokenizer for {target.model!r} here; prompts are cut with {name}'s "
@@ -167,14 +133,16 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         probes = [HostProbe(run)]
         if target.metrics_url is not None:
             probes.append(PrometheusProbe(run, target.metrics_url))
-        manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed},
+        workload = {**config.to_dict(), "dropped_fields": list(probe.dropped_fields)}
+        manifest = RunManifest.collect(model=target.model, workload=workload, seeds={"workload": config.seed},
                                        model_shape=resolve_model_shape(target.model))
         session = ProbeSession(run, probes, manifest)
         session.start()
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
-                      LoadInfo(config={}, server="external", tokenizer=name, metrics_url=target.metrics_url), api_key)
+                      LoadInfo(config={}, server="external", tokenizer=name, metrics_url=target.metrics_url,
+                               dropped_fields=list(probe.dropped_fields)), api_key)
         except BaseException as exc:
             error = exc
             raise
@@ -212,20 +180,11 @@ def _finish(out: Path, console: Console) -> Summary:
         if not point.accounting.is_consistent:
             console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "
                           f"{point.accounting.to_dict()}")
-    console.print(f"bottleneck: [bold]{summary.diagnosis.bottleneck}[/]; wrote {out / DIAGNOSIS_NAME} "
+    diagnosis = summary.diagnosis
+    if not diagnosis.has_verdict:
+        console.print(f"[bold red]{diagnosis.summary}[/]")
+        console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
+        raise NoVerdictError(f"the run in {out} cannot be judged: {diagnosis.summary}")
+    console.print(f"bottleneck: [bold]{diagnosis.bottleneck}[/]; wrote {out / DIAGNOSIS_NAME} "
                   f"and {out / REPORT_NAME}")
     return summary
-
-
-def _get_json(url: str, headers: dict[str, str]) -> Any:
-    request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=10.0) as response:  # noqa: S310 - the target URL we were given
-        return json.loads(response.read())
-
-
-def _has_metrics(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as response:  # noqa: S310 - as above
-            return response.status == 200 and b"# TYPE" in response.read(1 << 20)
-    except (urllib.error.URLError, OSError):
-        return False

@@ -95,6 +95,7 @@ class LoadInfo:
     finished_at: float | None = None
     locust_returncode: int | None = None
     locust_wall_s: float | None = None
+    dropped_fields: list[str] | None = None  # request fields the target refused, left out of the load
 
     @property
     def point(self) -> str | None:

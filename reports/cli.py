@@ -16,11 +16,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
+    from reports.evidence import NO_VERDICT
     from reports.report import write_report
 
     result = write_report(args.dir, args.out)
     target = Path(args.out) if args.out else Path(args.dir)
     console = Console(stderr=True)
+    if result["bottleneck"] == NO_VERDICT:
+        console.print(f"[bold red]{result['summary']}[/]")
+        console.print(f"wrote {target / REPORT_NAME} and {target / DIAGNOSIS_NAME}")
+        return 1
     console.print(f"bottleneck: [bold]{result['bottleneck']}[/] ({result['confidence_label']} confidence, "
                   f"{result['confidence']:.2f}): {result['summary']}")
     console.print(f"lever to try: {result['lever']}")

@@ -21,7 +21,8 @@ import reports.rules  # noqa: F401 - registers the engine rules
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.dataset import RunDataset, load_points, sweep_parameter
-from reports.evidence import BOTTLENECKS, RULES, Bottleneck, Evidence, Facts, SweepMeasures
+from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
+from reports.health import RunHealth, run_health
 from reports.levers import lever_for
 from reports.roofline import roofline_summary, step_work
 from reports.summary import PointMeasures, RunSummary, point_measures
@@ -78,7 +79,7 @@ EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
 class Diagnosis:
     """The verdict on one run (or sweep) directory; saved as ``diagnosis.json``."""
 
-    bottleneck: Bottleneck
+    bottleneck: Bottleneck | str  # one of BOTTLENECKS, or NO_VERDICT for a run that cannot be judged
     confidence: float  # 0..1
     confidence_label: str  # high / medium / low
     lever: str  # what to change first
@@ -90,6 +91,10 @@ class Diagnosis:
     metrics: dict[str, Any] = field(default_factory=dict)
     label: str = ""
 
+    @property
+    def has_verdict(self) -> bool:
+        return self.bottleneck != NO_VERDICT
+
     def to_dict(self) -> dict[str, Any]:
         return {"bottleneck": self.bottleneck, "confidence": self.confidence,
                 "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
@@ -98,8 +103,8 @@ class Diagnosis:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
-        if data.get("bottleneck") not in BOTTLENECKS:
-            raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {data.get('bottleneck')!r}")
+        if data.get("bottleneck") not in (*BOTTLENECKS, NO_VERDICT):
+            raise ValueError(f"bottleneck must be one of {(*BOTTLENECKS, NO_VERDICT)}, got {data.get('bottleneck')!r}")
         return cls(bottleneck=data["bottleneck"], confidence=float(data["confidence"]),
                    confidence_label=data["confidence_label"], lever=data["lever"], summary=data["summary"],
                    source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
@@ -189,6 +194,12 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
     points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
     parameter = sweep_parameter(run_path)
     measures = [point_measures(p) for p in points]
+    health = run_health(points, measures)
+    if not health.can_judge:
+        facts = facts_for(points[-1], measures[-1])
+        diagnosis = no_verdict(health, facts, points[-1].label)
+        return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
+                        diagnosis=diagnosis, point_verdicts=[no_verdict(health, facts, p.label) for p in points])
     verdicts = [decide(facts_for(p, m), p.label) for p, m in zip(points, measures, strict=True)]
     sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
     facts = facts_for(points[-1], measures[-1], sweep)
@@ -203,6 +214,17 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
         diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
     return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
                     diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation)
+
+
+def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:
+    """What a run that cannot be judged gets: no bottleneck, and why (``metrics["health"]``)."""
+    metrics = {"source": None, "health": health.to_dict(),
+               **{k: (v.to_dict() if v is not None else None) for k, v in (
+                   ("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus))}}
+    return Diagnosis(bottleneck=NO_VERDICT, confidence=0.0, confidence_label="none",
+                     lever="make the requests succeed first (see the failures above), then measure again",
+                     summary=f"no verdict: {health.describe()}", source="none", evidence=[], deciding=[], also=[],
+                     metrics=metrics, label=label)
 
 
 def diagnose(path: str | os.PathLike[str]) -> Diagnosis:

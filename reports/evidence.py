@@ -13,6 +13,8 @@ from reports.roofline import RooflineSummary
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
 BOTTLENECKS: tuple[Bottleneck, ...] = ("batching", "cache", "execution", "none")
+# What a run gets instead of a bottleneck when it cannot be judged (reports.health).
+NO_VERDICT = "undetermined"
 Comparison = Literal[">=", "<="]
 
 

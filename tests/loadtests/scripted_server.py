@@ -13,14 +13,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "scripted"
@@ -39,10 +39,24 @@ class Sent:
     usage: float | None = None
 
 
+@dataclass(frozen=True)
+class Misbehaviour:
+    """How the scripted server departs from a healthy one (the servers users meet do each of these)."""
+
+    reject_fields: tuple[str, ...] = ()  # 422 naming the field, as transformers serve answers ignore_eos
+    fail_after: int | None = None  # requests answered normally; every later one gets 500
+    die_after: int | None = None  # requests answered normally; then the server stops listening
+    html: bool = False  # every route answers an HTML page
+    cut_mid_stream: bool = False  # the stream stops after its first token, with no finish or [DONE]
+
+
 @dataclass
 class ScriptedServer:
     url: str
     sent: dict[str, Sent] = field(default_factory=dict)
+    misbehaviour: Misbehaviour = field(default_factory=Misbehaviour)
+    num_requests: int = 0
+    stop: Callable[[], None] = lambda: None
 
 
 def _chunk(request_id: str, is_chat: bool, text: str | None, finish: str | None = None,
@@ -58,11 +72,26 @@ def _chunk(request_id: str, is_chat: bool, text: str | None, finish: str | None 
 
 
 def _app(server: ScriptedServer) -> Starlette:
-    async def models(request: Request) -> JSONResponse:
+    bad = server.misbehaviour
+
+    async def models(request: Request) -> Response:
+        if bad.html:
+            return HTMLResponse("<html><body><h1>Welcome to nginx!</h1></body></html>")
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 2048}]})
 
-    async def stream(request: Request) -> StreamingResponse:
+    async def stream(request: Request) -> Response:
+        if bad.html:
+            return HTMLResponse("<html><body>Not Found</body></html>", status_code=404)
         body = await request.json()
+        server.num_requests += 1
+        refused = [name for name in bad.reject_fields if name in body]
+        if refused:
+            return JSONResponse({"detail": f"Unexpected fields in the request: {set(refused)}"}, status_code=422)
+        if bad.die_after is not None and server.num_requests > bad.die_after:
+            server.stop()
+            return JSONResponse({"error": "shutting down"}, status_code=503)
+        if bad.fail_after is not None and server.num_requests > bad.fail_after:
+            return JSONResponse({"error": {"message": "internal error: the model crashed"}}, status_code=500)
         is_chat = request.url.path.endswith("/chat/completions")
         request_id = f"scripted-{uuid.uuid4().hex}"
         sent = server.sent[request_id] = Sent()
@@ -79,6 +108,8 @@ def _app(server: ScriptedServer) -> Starlette:
                 if i == 0:
                     sent.first_content = time.time()
                 yield _chunk(request_id, is_chat, text)
+                if bad.cut_mid_stream:
+                    return
                 await asyncio.sleep(0.02)
             sent.finish = time.time()
             yield _chunk(request_id, is_chat, None, finish="length")
@@ -95,11 +126,16 @@ def _app(server: ScriptedServer) -> Starlette:
 
 
 @contextmanager
-def scripted_server() -> Iterator[ScriptedServer]:
+def scripted_server(misbehaviour: Misbehaviour | None = None) -> Iterator[ScriptedServer]:
     """The scripted server on a free 127.0.0.1 port, on a background thread."""
     sock = socket.create_server(("127.0.0.1", 0))
-    server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}", misbehaviour=misbehaviour or Misbehaviour())
     uv = uvicorn.Server(uvicorn.Config(_app(server), log_level="warning", lifespan="off"))
+
+    def stop() -> None:
+        uv.should_exit = True  # NOTE: uvicorn closes its listener: connections are refused, as by a dead server
+
+    server.stop = stop
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
