@@ -46,6 +46,7 @@ class LoadContext:
     seed: int
     read_timeout_s: float
     stop_timeout_s: float
+    is_trace: bool = False  # send each plan item once at its arrival_s (TraceUser)
     clock: Clock = field(default_factory=Clock)
     start_time: float = 0.0
     journal: Journal | None = None
@@ -68,7 +69,7 @@ class LoadContext:
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
                    warmup_s=options.ss_warmup, duration_s=options.ss_duration, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
-                   stop_timeout_s=options.stop_timeout or 0.0)
+                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace))
 
     @property
     def worker(self) -> str:
@@ -81,6 +82,11 @@ class LoadContext:
     @property
     def deadline(self) -> float:
         return self.start_time + self.warmup_s + self.duration_s
+
+    @property
+    def num_trace_items(self) -> int:
+        """How many plan items this worker sends in a trace replay (each once)."""
+        return len(range(self.worker_index, len(self.plan), self.num_workers))
 
     def is_warmup(self, t: float) -> bool:
         return t < self.start_time + self.warmup_s
@@ -103,7 +109,7 @@ class LoadContext:
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": item.prompt}]
         else:
-            body["prompt"] = item.prompt
+            body["prompt"] = item.prompt if item.prompt_token_ids is None else item.prompt_token_ids
         return body
 
     def headers(self) -> dict[str, str]:
@@ -123,13 +129,15 @@ class LoadContext:
             self.journal.close()
 
 
-def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None) -> None:
-    """Send the next planned request, stream it, journal its row, and report it to Locust.
+def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
+                 planned: tuple[int, PlannedRequest] | None = None) -> None:
+    """Send the next planned request (or ``planned``: ``(seq, item)``), stream it, journal its row, and
+    report it to Locust.
 
     ``client`` is the user's ``HttpSession``. The HTTP row's time is the whole exchange (send to
     finish chunk), not Locust's default of send to headers.
     """
-    seq, item = ctx.next_item()
+    seq, item = planned if planned is not None else ctx.next_item()
     send = ctx.clock.now()
     record = ClientRecord(worker=ctx.worker, seq=seq, plan_index=item.index, group=item.group,
                           is_warmup=ctx.is_warmup(send), send_time=send, scheduled_time=scheduled_time,

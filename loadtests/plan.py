@@ -28,6 +28,9 @@ class PlannedRequest:
     num_prompt_tokens: int
     max_tokens: int
     group: str = ""
+    arrival_s: float | None = None  # a trace's: when to send it, seconds after the run starts
+    # NOTE: set for traces only: /v1/completions then gets the token ids, so lengths are exact on any tokenizer.
+    prompt_token_ids: list[int] | None = None
 
 
 def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int | None) -> list[PlannedRequest]:
@@ -39,6 +42,8 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
     overrides: dict[str, object] = {}
     if config.max_tokens is not None:
         overrides["max_output_tokens"] = config.max_tokens
+    if config.is_trace:
+        overrides.update(time_scale=config.time_scale, max_requests=config.max_requests)
     items = make_workload(config.workload, **overrides).items(config.plan_size(), tokenizer, config.seed)
     margin = CHAT_TEMPLATE_MARGIN if config.api == "chat" else 0
     plan = []
@@ -52,7 +57,8 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
             if len(ids) > room:
                 ids = ids[:room]
                 prompt = tokenizer.decode(ids)
-        plan.append(PlannedRequest(index, prompt, len(ids), item.max_tokens, item.group))
+        plan.append(PlannedRequest(index, prompt, len(ids), item.max_tokens, item.group, item.arrival_s,
+                                   list(ids) if config.is_trace else None))
     return plan
 
 
