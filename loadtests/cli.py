@@ -63,7 +63,10 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
                    help="open loop: gamma shape of the gaps (1 is Poisson; below 1 burstier)")
     g.add_argument("--burst-size", type=int, default=None,
                    help="open loop: requests per arrival (default 8 for the burst workload, else 1)")
-    g.add_argument("--api", choices=APIS, default="completions", help="endpoint to load (default %(default)s)")
+    g.add_argument("--api", choices=APIS, default=None,
+                   help="endpoint to load (default completions; chat for chat-sessions)")
+    g.add_argument("--turns", type=int, default=4,
+                   help="chat-sessions: user turns per session, each sending the whole history (default 4)")
     g.add_argument("--no-ignore-eos", action="store_true",
                    help="let the model stop early (by default each request asks for exactly its max_tokens)")
     g.add_argument("--stop-timeout", type=float, default=120.0,
@@ -94,7 +97,8 @@ def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tup
     base = LoadConfig(
         users=users, rate=rate, duration_s=duration, warmup_s=warmup, workload=args.workload,
         seed=args.seed, processes=args.processes, max_tokens=args.max_tokens, burstiness=args.burstiness,
-        burst_size=args.burst_size, api=args.api, ignore_eos=not args.no_ignore_eos,
+        burst_size=args.burst_size, ignore_eos=not args.no_ignore_eos, turns=args.turns,
+        api=args.api or ("chat" if args.workload == "chat-sessions" else "completions"),
         slo=parse_slo(args.slo) if args.slo else {}, stop_timeout_s=args.stop_timeout,
         time_scale=args.time_scale, max_requests=args.max_requests,
     )

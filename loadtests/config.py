@@ -47,6 +47,7 @@ class LoadConfig:
     num_plan_items: int | None = None  # None: sized from the load (see plan_size)
     time_scale: float = 1.0  # trace replay: multiplies the trace's gaps (2: half speed)
     max_requests: int | None = None  # trace replay: the first N requests of the trace
+    turns: int = 4  # chat-sessions: user turns per session
 
     def __post_init__(self) -> None:
         check_workload_name(self.workload)
@@ -82,6 +83,13 @@ class LoadConfig:
             raise ValueError(f"burstiness must be > 0 (1 is Poisson), got {self.burstiness}")
         if self.api not in APIS:
             raise ValueError(f"api must be one of {APIS}, got {self.api!r}")
+        if self.workload == "chat-sessions":
+            if self.api != "chat":
+                raise ValueError("chat-sessions sends a conversation's history as messages: use --api chat")
+            if self.users is None:
+                raise ValueError("chat-sessions is a closed loop (each user waits for its reply): give --users")
+        if self.turns < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
         unknown = sorted(set(self.slo) - set(SLO_METRICS))
         if unknown:
             raise ValueError(f"unknown SLO metrics {unknown}; known: {', '.join(SLO_METRICS)}")

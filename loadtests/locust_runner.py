@@ -48,7 +48,12 @@ class LocustRun:
 def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> list[str]:
     """The headless Locust command line for one load point against ``url``."""
     num_users = config.users if config.users is not None else config.processes
-    user_class = "TraceUser" if config.is_trace else "LLMUser" if config.users is not None else "OpenLoopUser"
+    if config.is_trace:
+        user_class = "TraceUser"
+    elif config.workload == "chat-sessions":
+        user_class = "ChatSessionUser"
+    else:
+        user_class = "LLMUser" if config.users is not None else "OpenLoopUser"
     run_time = config.run_time_s + config.stop_timeout_s + RUN_TIME_MARGIN_S  # Locust takes whole seconds
     argv = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",

@@ -5,6 +5,8 @@
 (Poisson, or gamma gaps for burstiness; ``loadtests.arrival``) from a greenlet per request, so a
 slow server never slows the arrivals; run it with as many users as worker processes.
 ``TraceUser`` replays a trace the same way, each plan item once at its own ``arrival_s``.
+``ChatSessionUser`` is a closed loop over chat sessions: turn after turn, each sending the whole
+history (the user's messages and the server's own replies so far).
 
 Both stream SSE and report, besides the HTTP row, TTFT, ITL and TPOT as their own Locust rows
 (request type ``LLM``), and append a client row per request to the run directory.
@@ -151,6 +153,32 @@ class LLMUser(HttpUser):
         if context.clock.now() >= context.deadline:
             raise StopUser()
         send_request(self.client, context, self.environment.events.request.fire)
+
+
+class ChatSessionUser(HttpUser):
+    """Closed loop over chat sessions: each turn sends the history so far and waits for its reply."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        load_context(self.environment).user_started()
+
+    def on_stop(self) -> None:
+        _user_done(self.environment)
+
+    @task
+    def converse(self) -> None:
+        context = load_context(self.environment)
+        messages: list[dict[str, str]] = []
+        for seq, item in context.next_session():
+            if context.clock.now() >= context.deadline:
+                raise StopUser()
+            messages.append({"role": "user", "content": item.prompt})
+            reply = send_request(self.client, context, self.environment.events.request.fire, None, (seq, item),
+                                 list(messages))
+            if reply is None:
+                return  # a failed turn ends its session; the next task starts a new one
+            messages.append({"role": "assistant", "content": reply})
 
 
 class OpenLoopUser(HttpUser):

@@ -33,6 +33,7 @@ class WorkItem:
     max_tokens: int
     group: str = ""  # e.g. the system prompt a shared-prefix item belongs to
     arrival_s: float | None = None  # a trace's: when to send it, seconds after the run starts
+    turn: int | None = None  # chat sessions: the turn (0, 1, ...) of the session named by ``group``
 
 
 @cache
@@ -161,6 +162,40 @@ class Burst(Mixed):
 
 
 @dataclass(slots=True)
+class ChatSessions(Workload):
+    """Multi-turn chats: each session is ``num_turns`` user messages; every turn sends the whole history.
+
+    The items are the sessions' user messages, turn by turn (``group`` names the session); the
+    assistant's replies are whatever the server answered, added to the history as the turns go, so
+    each turn's prompt extends the last one: the case prefix caching exists for.
+    """
+
+    name: ClassVar[str] = "chat-sessions"
+    num_turns: int = 4
+    user_range: tuple[int, int] = (16, 64)
+    output_range: tuple[int, int] = (16, 48)
+
+    def items(self, num_requests: int, tokenizer: TokenizerLike, seed: int = 0) -> list[WorkItem]:
+        if num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be >= 1, got {self.num_turns}")
+        rng = random.Random(seed)
+        corpus_ids = tokenizer.encode(corpus_text())
+        out = []
+        for session in range(math.ceil(num_requests / self.num_turns)):
+            for turn in range(self.num_turns):
+                ids = text_window(tokenizer, corpus_ids, rng.randint(*self.user_range), rng)
+                max_tokens = min(rng.randint(*self.output_range), self.max_output_tokens)
+                out.append(WorkItem(ids, tokenizer.decode(ids), max_tokens, f"session-{session}", turn=turn))
+        return out
+
+    def max_session_tokens(self) -> int:
+        """The most tokens a session's last turn can hold: every message and reply at its longest."""
+        return self.num_turns * (self.user_range[1] + min(self.output_range[1], self.max_output_tokens))
+
+
+@dataclass(slots=True)
 class Trace(Workload):
     """A recorded trace replayed as it was (``loadtests.traces``): its arrival times and exact lengths.
 
@@ -200,7 +235,7 @@ class Trace(Workload):
 
 
 WORKLOADS: Mapping[str, type[Workload]] = MappingProxyType(
-    {cls.name: cls for cls in (Fixed, ShareGPTSynth, Mixed, LongContext, SharedPrefix, Burst)}
+    {cls.name: cls for cls in (Fixed, ShareGPTSynth, Mixed, LongContext, SharedPrefix, Burst, ChatSessions)}
 )
 
 
