@@ -1,4 +1,4 @@
-"""The exact request bodies GuideLLM 0.8.1 and AIPerf 0.13.0 send, replayed against ``servescope serve``.
+"""The exact request bodies GuideLLM 0.8.1, AIPerf 0.13.0 and ``vllm bench serve`` send, replayed against ``servescope serve``.
 
 Each fixture in ``client_bodies/`` names the client code that builds it. Streamed answers are read
 the way each client reads them (the rules below restate their parsers, named per function), so a
@@ -97,7 +97,7 @@ def server() -> Iterator[ServeProcess]:
 
 def test_every_client_body_has_a_fixture() -> None:
     clients = {json.loads(p.read_text())["client"] for p in BODIES}
-    assert clients == {"guidellm", "aiperf"}
+    assert clients == {"guidellm", "aiperf", "vllm-bench-serve"}
 
 
 @pytest.mark.parametrize("path", BODIES, ids=[p.stem for p in BODIES])

@@ -205,7 +205,7 @@ def test_no_logprobs_unless_asked(client: httpx.Client) -> None:
 # -- neutral values that clients send explicitly -------------------------------------------------------
 
 def test_neutral_values_clients_send_are_accepted(client: httpx.Client) -> None:
-    # vllm bench serve's completions body: logprobs null, repetition_penalty 1, plus n=1 and stop null.
+    # Neutral values clients spell out: logprobs null and repetition_penalty 1 (vllm bench serve), n=1, stop null.
     body = {"model": MODEL, "prompt": "neutral", "temperature": 0.0, "repetition_penalty": 1.0, "max_tokens": 4,
             "logprobs": None, "n": 1, "stop": None, "ignore_eos": True}
     assert _ok(client.post("/completions", json=body))["usage"]["completion_tokens"] == 4
