@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.engine_base import EngineBase, resolve_model
 from engine.model_runner import ModelRunner, RunnerOutput
 from engine.observer import RequestEventKind, StepStats
-from engine.outputs import EngineStats, RequestOutput
+from engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from engine.request import Request, RequestId, RequestStatus
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput, TokenUpdate
 from engine.weights import LoadedModel
@@ -37,7 +37,7 @@ class LLMEngine(EngineBase):
         loaded = resolve_model(config, loaded)
         super().__init__(config, loaded)
         self.scheduler = Scheduler(self.config, self.eos_token_ids)
-        self.runner = ModelRunner(self.config, loaded)
+        self.runner = ModelRunner(self.config, loaded, self.eos_token_ids)
 
     def _enqueue(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -76,7 +76,7 @@ class LLMEngine(EngineBase):
             failed_ids = {id(item) for item, _ in failed}
             sched = dataclasses.replace(sched, scheduled=[s for s in sched.scheduled if id(s) not in failed_ids])
         updates = self.scheduler.update(sched, result.sampled)
-        outputs += self._process(sched, updates)
+        outputs += self._process(updates, result)
         t3 = time.perf_counter()
         self.num_steps += 1
         if self.observers:
@@ -119,6 +119,7 @@ class LLMEngine(EngineBase):
                 failed.append((item, exc))
                 continue
             merged.sampled.update(alone.sampled)
+            merged.logprobs.update(alone.logprobs)
             merged.prepare_s += alone.prepare_s
             merged.forward_s += alone.forward_s
             merged.sample_s += alone.sample_s
@@ -141,17 +142,17 @@ class LLMEngine(EngineBase):
             if request is not None:
                 self.outputs.emit(request, kind, now)
 
-    def _process(self, sched: SchedulerOutput, updates: list[TokenUpdate]) -> list[RequestOutput]:
+    def _process(self, updates: list[TokenUpdate], result: RunnerOutput) -> list[RequestOutput]:
         now = time.time()
         outputs: list[RequestOutput] = []
         for update in updates:
             try:
-                outputs.append(self._process_one(update, now))
+                outputs.append(self._process_one(update, result.logprobs.get(update.request.request_id), now))
             except Exception as exc:  # e.g. detokenizing this request's token: it fails alone
                 outputs.append(self._fail(update.request, exc, now))
         return outputs
 
-    def _process_one(self, update: TokenUpdate, now: float) -> RequestOutput:
+    def _process_one(self, update: TokenUpdate, logprob: TokenLogprob | None, now: float) -> RequestOutput:
         request = update.request
         assert update.new_token_id is not None
         if self.outputs.add_token(request, update.new_token_id) is not None:
@@ -161,7 +162,7 @@ class LLMEngine(EngineBase):
                 self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
         if request.is_finished:
             self.runner.sampler.release(request.request_id)
-        return self.outputs.make_output(request, update.new_token_id, now)
+        return self.outputs.make_output(request, update.new_token_id, now, logprob)
 
     def _step_stats(self, sched: SchedulerOutput, start_time: float, schedule_s: float, prepare_s: float,
                     forward_s: float, sample_s: float, output_s: float, overhead_s: float) -> StepStats:

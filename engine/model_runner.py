@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +11,7 @@ from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata,
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
+from engine.outputs import TokenLogprob
 from engine.request import RequestId
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
@@ -32,12 +33,13 @@ class RunnerOutput:
     prepare_s: float
     forward_s: float
     sample_s: float
+    logprobs: dict[RequestId, TokenLogprob] = field(default_factory=dict)  # requests that asked for them
 
 
 class ModelRunner:
     """Runs the model for one scheduled batch. It reads the scheduler's output, never its queues."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, eos_token_ids: frozenset[int] = frozenset()) -> None:
         assert config.is_finalized
         self.config = config
         self.model_config = loaded.config
@@ -62,7 +64,7 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         # NOTE: eager keeps the plain framework's per-call allocations; that difference is one of the levers.
         self.gather_workspace = GatherWorkspace() if config.execution == "optimized" else None
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(config.seed, eos_token_ids)
         self.decode_graphs = self._capture_decode_graphs()
 
     def _capture_decode_graphs(self) -> DecodeGraphs | None:
@@ -155,7 +157,10 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()
         # NOTE: .cpu() waits for the device, so forward_s covers the kernels, not just their launch.
         t2 = time.perf_counter()
-        params = [out_req.request.sampling_params for out_req in out.scheduled if out_req.samples_token]
-        tokens = self.sampler.sample(logits, list(inputs.sampled_request_ids), params)
+        sampling = [item.request for item in out.scheduled if item.samples_token]
+        sampled = self.sampler.sample(logits, inputs.sampled_request_ids, [r.sampling_params for r in sampling],
+                                      [r.num_output_tokens for r in sampling])
         t3 = time.perf_counter()
-        return RunnerOutput(dict(zip(inputs.sampled_request_ids, tokens, strict=True)), t1 - t0, t2 - t1, t3 - t2)
+        ids = inputs.sampled_request_ids
+        logprobs = {rid: lp for rid, lp in zip(ids, sampled.logprobs, strict=True) if lp is not None}
+        return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)), t1 - t0, t2 - t1, t3 - t2, logprobs)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.observer import EngineObserver, RequestEvent, RequestEventKind
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestId, RequestStatus
 from engine.sampling_params import SamplingParams
 
@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 def stop_status(request: Request, token_id: int, eos_token_ids: frozenset[int]) -> RequestStatus | None:
     """Whether the token just appended ends the request (stop strings are checked on text, elsewhere)."""
     params = request.sampling_params
-    if token_id in params.stop_token_ids:
+    # NOTE: the sampler masks EOS and stop ids below min_tokens; this keeps the rule if a caller did not.
+    can_stop = request.num_output_tokens > params.min_tokens
+    if can_stop and token_id in params.stop_token_ids:
         request.stop_reason = token_id
         return RequestStatus.FINISHED_STOPPED
-    if not params.ignore_eos and token_id in eos_token_ids:
+    if can_stop and not params.ignore_eos and token_id in eos_token_ids:
         return RequestStatus.FINISHED_STOPPED
     if request.num_output_tokens >= params.max_tokens or request.num_tokens >= request.max_model_len:
         return RequestStatus.FINISHED_LENGTH
@@ -37,6 +39,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.observers: list[EngineObserver] = []
         self._detokenizers: dict[RequestId, IncrementalDetokenizer] = {}
+        self._logprobs: dict[RequestId, list[TokenLogprob]] = {}  # requests that asked for logprobs
         self._ids = itertools.count()
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -56,18 +59,26 @@ class OutputProcessor:
             raise ValueError(f"request id {rid!r} is already in use")
         request = Request(rid, self.tokenize(prompt), params, self.max_model_len, arrival_time=arrival_time)
         self._detokenizers[rid] = IncrementalDetokenizer(self.tokenizer, params.stop,
-                                                         params.include_stop_str_in_output)
+                                                         params.include_stop_str_in_output,
+                                                         params.skip_special_tokens)
+        if params.logprobs is not None:
+            self._logprobs[rid] = []
         self.emit(request, RequestEventKind.ARRIVED, arrival_time)
         return request
 
     def add_token(self, request: Request, token_id: int) -> str | None:
-        """Detokenize the token just appended; returns the stop string it completed, if any."""
-        hit = self._detokenizers[request.request_id].add_token(token_id)
+        """Detokenize the token just appended; returns the stop string it completed, if any.
+
+        Stop strings count only once ``min_tokens`` tokens are out, as in vLLM.
+        """
+        can_stop = request.num_output_tokens > request.sampling_params.min_tokens
+        hit = self._detokenizers[request.request_id].add_token(token_id, can_stop)
         if hit is not None:
             request.stop_reason = hit
         return hit
 
-    def make_output(self, request: Request, token_id: int, now: float) -> RequestOutput:
+    def make_output(self, request: Request, token_id: int, now: float,
+                    logprob: TokenLogprob | None = None) -> RequestOutput:
         """The output after this token; call once the request's status is final for this step."""
         detok = self._detokenizers[request.request_id]
         if request.is_finished:
@@ -75,6 +86,11 @@ class OutputProcessor:
         self.emit(request, RequestEventKind.TOKEN, now)
         output = self._output(request, detok.text, new_token_ids=[token_id],
                               new_text=detok.take_delta(request.is_finished))
+        logprobs = self._logprobs.get(request.request_id)
+        if logprobs is not None and logprob is not None:
+            logprobs.append(logprob)
+            output.logprobs = list(logprobs)
+            output.new_logprobs = [logprob]
         if request.is_finished:
             self.release(request, now)
         return output
@@ -100,6 +116,7 @@ class OutputProcessor:
 
     def release(self, request: Request, now: float) -> None:
         """Forget a finished request and announce it."""
+        self._logprobs.pop(request.request_id, None)
         if self._detokenizers.pop(request.request_id, None) is not None:
             self.emit(request, RequestEventKind.FINISHED, now)
 

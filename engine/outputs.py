@@ -17,6 +17,8 @@ class RequestOutput:
     text: str
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
+    logprobs: list[TokenLogprob] | None = None  # every output token's, when the request asked for them
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -45,3 +47,16 @@ class EngineStats:
     @property
     def kv_cache_usage(self) -> float:
         return self.num_kv_blocks_used / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """One sampled token's log-probability and the most likely alternatives at its position.
+
+    NOTE: log-probabilities are of the model's raw distribution (log-softmax of the logits, before
+    temperature, filters and the min_tokens mask), as vLLM reports them by default.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first

@@ -1,9 +1,13 @@
-"""Turns last-position logits into next tokens: greedy, temperature, top-k, top-p, seeds."""
+"""Turns last-position logits into next tokens: greedy, temperature, min-p, top-k, top-p, seeds, logprobs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
+from engine.outputs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 
@@ -23,27 +27,83 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
-class Sampler:
-    """Samples one token per row; seeded requests draw from their own generator."""
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Mask to -inf every token less likely than ``min_p`` times the most likely one (``[V]``)."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
-    def __init__(self, seed: int) -> None:
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """One token per row, and its log-probabilities where the row's request asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
+class Sampler:
+    """Samples one token per row; seeded requests draw from their own generator.
+
+    ``eos_token_ids`` are the ids masked out (with each request's ``stop_token_ids``) while a
+    request has fewer than ``min_tokens`` output tokens.
+    """
+
+    def __init__(self, seed: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self._default_generator = torch.Generator().manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
+        self.eos_token_ids = eos_token_ids
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str],
-               params: list[SamplingParams]) -> list[int]:
-        """logits ``[B, V]`` (float32) -> one token id per row."""
+    def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
+               num_output_tokens: Sequence[int] | None = None) -> SamplerOutput:
+        """logits ``[B, V]`` (float32) -> one token per row; ``num_output_tokens`` (per row) drives min_tokens."""
+        raw = logits
+        logits = self._mask_early_stops(logits, params, num_output_tokens)
         tokens = logits.argmax(dim=-1).tolist()
         for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
             if p.is_greedy:
                 continue
-            row_logits = apply_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
+            row_logits = apply_min_p(logits[row] / p.temperature, p.min_p)
+            row_logits = apply_top_k_top_p(row_logits, p.top_k, p.top_p)
             probs = row_logits.softmax(-1)
             tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)))
-        return tokens
+        return SamplerOutput(tokens, self._logprobs(raw, tokens, params))
+
+    def _mask_early_stops(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+                          num_output_tokens: Sequence[int] | None) -> torch.Tensor:
+        """Logits with EOS and stop ids at -inf in rows still short of their ``min_tokens``."""
+        if num_output_tokens is None:
+            return logits
+        rows = [(row, p) for row, (p, n) in enumerate(zip(params, num_output_tokens, strict=True))
+                if n < p.min_tokens]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for row, p in rows:
+            banned = [t for t in {*self.eos_token_ids, *p.stop_token_ids} if t < logits.shape[-1]]
+            logits[row, banned] = float("-inf")
+        return logits
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: list[int], params: Sequence[SamplingParams]
+                  ) -> list[TokenLogprob | None]:
+        out: list[TokenLogprob | None] = [None] * len(tokens)
+        rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if not rows:
+            return out
+        logprobs = torch.log_softmax(logits[rows].float(), dim=-1)  # [R, V]
+        for i, row in enumerate(rows):
+            k = params[row].logprobs or 0
+            top: tuple[tuple[int, float], ...] = ()
+            if k:
+                values, ids = torch.topk(logprobs[i], k)
+                top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+            out[row] = TokenLogprob(tokens[row], float(logprobs[i, tokens[row]]), top)
+        return out
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
         if params.seed is None:

@@ -248,6 +248,24 @@ class Tokenizer:
         """Vocabulary entry of one id, or ``None``."""
         return self._backend.id_to_token(token_id)
 
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write an HF tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``, chat template).
+
+        External clients that count tokens themselves (GuideLLM's ``--processor``, AIPerf's
+        ``--tokenizer``) load it with ``AutoTokenizer`` and count exactly as this server does.
+        """
+        from transformers import PreTrainedTokenizerFast
+
+        def name(token_id: int | None) -> str | None:
+            return None if token_id is None else self.id_to_token(token_id)
+
+        hf = PreTrainedTokenizerFast(tokenizer_object=self._backend, bos_token=name(self._bos_token_id),
+                                     eos_token=name(self.eos_token_id))
+        hf.chat_template = self._chat_template
+        directory = Path(directory)
+        hf.save_pretrained(directory)
+        return directory
+
     # ---------------------------------------------------------------- chat
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:

@@ -17,12 +17,15 @@ from typing import Any
 from loadtests.config import APIS, LoadConfig, parse_slo, parse_sweep
 from loadtests.errors import RunFailedError
 from loadtests.load_context import API_KEY_ENV
-from loadtests.workloads import WORKLOADS
+from loadtests.traces import SAMPLES, read_trace, trace_path
+from loadtests.workloads import WORKLOADS, is_trace
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers,
 # and enough users to batch, sized to finish in about 3 minutes on 2 CPU cores.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None}
+# A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
+TRACE_TAIL_S = 1.0
 # Flags of `serve` that `diagnose` takes and hands to its server process, besides the engine flags.
 SERVE_FLAGS = ("engine", "max_waiting")
 
@@ -35,12 +38,19 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
                          help=f"closed loop: N users, each sends when its last request ends (default {defaults['users']})")
     arrival.add_argument("--rate", type=float, default=None,
                          help="open loop: Poisson arrivals at R requests/s, whatever the server does")
-    g.add_argument("--duration", type=float, default=defaults["duration"],
-                   help="seconds of measured load after the warm-up (default %(default)s)")
-    g.add_argument("--warmup", type=float, default=defaults["warmup"],
-                   help="seconds of load first whose requests are recorded but left out of the statistics "
-                        "(default %(default)s)")
-    g.add_argument("--workload", choices=sorted(WORKLOADS), default=defaults["workload"])
+    g.add_argument("--duration", type=float, default=None,
+                   help=f"seconds of measured load after the warm-up (default {defaults['duration']:g}; "
+                        f"a trace: until its last request)")
+    g.add_argument("--warmup", type=float, default=None,
+                   help=f"seconds of load first whose requests are recorded but left out of the statistics "
+                        f"(default {defaults['warmup']:g}; a trace: 0)")
+    g.add_argument("--workload", default=defaults["workload"],
+                   help=f"one of {', '.join(sorted(WORKLOADS))}, or trace:FILE to replay a Mooncake JSONL, "
+                        f"BurstGPT CSV or Azure LLM inference CSV trace (bundled: {', '.join(SAMPLES)}) "
+                        f"(default %(default)s)")
+    g.add_argument("--time-scale", type=float, default=1.0,
+                   help="trace replay: multiply the trace's gaps by X (2: half speed, 0.5: double) (default 1)")
+    g.add_argument("--max-requests", type=int, default=None, help="trace replay: send the first N requests only")
     g.add_argument("--max-tokens", type=int, default=defaults["max_tokens"],
                    help="cap on output tokens per request (default: the workload's own)")
     g.add_argument("--processes", type=int, default=1,
@@ -53,7 +63,10 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
                    help="open loop: gamma shape of the gaps (1 is Poisson; below 1 burstier)")
     g.add_argument("--burst-size", type=int, default=None,
                    help="open loop: requests per arrival (default 8 for the burst workload, else 1)")
-    g.add_argument("--api", choices=APIS, default="completions", help="endpoint to load (default %(default)s)")
+    g.add_argument("--api", choices=APIS, default=None,
+                   help="endpoint to load (default completions; chat for chat-sessions)")
+    g.add_argument("--turns", type=int, default=4,
+                   help="chat-sessions: user turns per session, each sending the whole history (default 4)")
     g.add_argument("--no-ignore-eos", action="store_true",
                    help="let the model stop early (by default each request asks for exactly its max_tokens)")
     g.add_argument("--stop-timeout", type=float, default=120.0,
@@ -65,16 +78,29 @@ def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tup
     """The load config of every point, and the sweep (``None`` for a single point)."""
     users, rate = args.users, args.rate
     sweep = parse_sweep(args.sweep) if args.sweep else None
-    if users is None and rate is None:
+    trace = is_trace(args.workload)
+    duration, warmup = args.duration, args.warmup
+    if trace:
+        if sweep is not None:
+            raise ValueError("a trace replays its own arrivals: drop --sweep")
+        if duration is None:
+            requests = read_trace(trace_path(args.workload), args.time_scale, args.max_requests)
+            duration = requests[-1].arrival_s + TRACE_TAIL_S
+        warmup = 0.0 if warmup is None else warmup
+    duration = defaults["duration"] if duration is None else duration
+    warmup = defaults["warmup"] if warmup is None else warmup
+    if not trace and users is None and rate is None:
         if sweep is not None and sweep[0] == "rate":
             rate = sweep[1][0]
         else:
             users = defaults["users"]
     base = LoadConfig(
-        users=users, rate=rate, duration_s=args.duration, warmup_s=args.warmup, workload=args.workload,
+        users=users, rate=rate, duration_s=duration, warmup_s=warmup, workload=args.workload,
         seed=args.seed, processes=args.processes, max_tokens=args.max_tokens, burstiness=args.burstiness,
-        burst_size=args.burst_size, api=args.api, ignore_eos=not args.no_ignore_eos,
+        burst_size=args.burst_size, ignore_eos=not args.no_ignore_eos, turns=args.turns,
+        api=args.api or ("chat" if args.workload == "chat-sessions" else "completions"),
         slo=parse_slo(args.slo) if args.slo else {}, stop_timeout_s=args.stop_timeout,
+        time_scale=args.time_scale, max_requests=args.max_requests,
     )
     if sweep is None:
         return [base], None

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.workloads import WORKLOADS
+from loadtests.workloads import check_workload_name, is_trace
 
 APIS = ("completions", "chat")
 # Per-request latencies an SLO can bound, in seconds (see reports.measures.goodput).
@@ -22,7 +22,9 @@ class LoadConfig:
     """What load to offer: the arrival process, the workload, how long, and what counts as good.
 
     Exactly one of ``users`` (closed loop: N users, each sends its next request when the last one
-    ends) or ``rate`` (open loop: arrivals at ``rate`` requests/s whatever the server does).
+    ends) or ``rate`` (open loop: arrivals at ``rate`` requests/s whatever the server does), or
+    neither for a ``trace:FILE`` workload, whose requests go out at the trace's own times (gaps times
+    ``time_scale``; the first ``max_requests`` of them when set).
     Requests sent in the first ``warmup_s`` seconds are recorded but flagged and left out of
     every statistic. ``burstiness`` is the gamma shape of the open loop's gaps (1: Poisson, < 1:
     burstier); ``burst_size`` requests arrive together at each arrival.
@@ -43,9 +45,24 @@ class LoadConfig:
     slo: dict[str, float] = field(default_factory=dict)
     stop_timeout_s: float = 120.0  # how long in-flight requests get to finish after the duration
     num_plan_items: int | None = None  # None: sized from the load (see plan_size)
+    time_scale: float = 1.0  # trace replay: multiplies the trace's gaps (2: half speed)
+    max_requests: int | None = None  # trace replay: the first N requests of the trace
+    turns: int = 4  # chat-sessions: user turns per session
 
     def __post_init__(self) -> None:
-        if (self.users is None) == (self.rate is None):
+        check_workload_name(self.workload)
+        if self.is_trace:
+            if self.users is not None or self.rate is not None:
+                raise ValueError("a trace sets its own arrival times: drop --users/--rate (use --time-scale)")
+            if not self.time_scale > 0:
+                raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+            if self.max_requests is not None and self.max_requests < 1:
+                raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
+            if self.processes != 1:
+                raise ValueError("trace replay runs in one worker process, which keeps the trace's order")
+        elif self.time_scale != 1.0 or self.max_requests is not None:
+            raise ValueError("--time-scale and --max-requests apply to trace:FILE workloads only")
+        elif (self.users is None) == (self.rate is None):
             raise ValueError("give exactly one of users (closed loop) or rate (open loop)")
         if self.users is not None and self.users < 1:
             raise ValueError(f"users must be >= 1, got {self.users}")
@@ -55,8 +72,6 @@ class LoadConfig:
             raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
         if not self.warmup_s >= 0:
             raise ValueError(f"warmup must be >= 0 seconds, got {self.warmup_s}")
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(sorted(WORKLOADS))}")
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
         if self.users is not None and self.users < self.processes:
@@ -68,6 +83,13 @@ class LoadConfig:
             raise ValueError(f"burstiness must be > 0 (1 is Poisson), got {self.burstiness}")
         if self.api not in APIS:
             raise ValueError(f"api must be one of {APIS}, got {self.api!r}")
+        if self.workload == "chat-sessions":
+            if self.api != "chat":
+                raise ValueError("chat-sessions sends a conversation's history as messages: use --api chat")
+            if self.users is None:
+                raise ValueError("chat-sessions is a closed loop (each user waits for its reply): give --users")
+        if self.turns < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
         unknown = sorted(set(self.slo) - set(SLO_METRICS))
         if unknown:
             raise ValueError(f"unknown SLO metrics {unknown}; known: {', '.join(SLO_METRICS)}")
@@ -94,8 +116,14 @@ class LoadConfig:
         return self.rate is not None
 
     @property
+    def is_trace(self) -> bool:
+        return is_trace(self.workload)
+
+    @property
     def point_name(self) -> str:
         """``users-8`` or ``rate-2.5``: the name of this load point (a sweep's subdirectory)."""
+        if self.is_trace:
+            return "trace"
         return f"users-{self.users}" if self.users is not None else f"rate-{self.rate:g}"
 
     @property
@@ -109,6 +137,8 @@ class LoadConfig:
         """
         if self.num_plan_items is not None:
             return self.num_plan_items
+        if self.is_trace:
+            return self.max_requests or 1  # NOTE: unused: a trace plan holds the whole (cut) trace
         if self.rate is not None:
             expected = self.rate * self.run_time_s * 1.5 + 16
         else:
@@ -126,7 +156,8 @@ class LoadConfig:
         raise ValueError(f"cannot sweep {parameter!r}; sweepable: {', '.join(SWEEP_PARAMETERS)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "mode": "open" if self.is_open_loop else "closed",
+        mode = "trace" if self.is_trace else "open" if self.is_open_loop else "closed"
+        return {**dataclasses.asdict(self), "mode": mode,
                 "point": self.point_name}
 
 

@@ -52,14 +52,18 @@ class LoadContext:
     seed: int
     read_timeout_s: float
     stop_timeout_s: float
+    is_trace: bool = False  # send each plan item once at its arrival_s (TraceUser)
     clock: Clock = field(default_factory=Clock)
     start_time: float = 0.0
     journal: Journal | None = None
     num_sent: int = 0
     num_active_users: int = 0
     num_failures_in_a_row: int = 0
+    sessions: list[list[int]] = field(init=False)  # chat sessions' plan indices (see next_session)
+    num_sessions_taken: int = 0
 
     def __post_init__(self) -> None:
+        self.sessions = _sessions(self.plan)
         if not 0 <= self.worker_index < self.num_workers:
             raise ValueError(f"worker index {self.worker_index} is not below the number of workers "
                              f"{self.num_workers}; pass --ss-num-workers")
@@ -75,7 +79,7 @@ class LoadContext:
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
                    warmup_s=options.ss_warmup, duration_s=options.ss_duration, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
-                   stop_timeout_s=options.stop_timeout or 0.0)
+                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace))
 
     @property
     def worker(self) -> str:
@@ -88,6 +92,11 @@ class LoadContext:
     @property
     def deadline(self) -> float:
         return self.start_time + self.warmup_s + self.duration_s
+
+    @property
+    def num_trace_items(self) -> int:
+        """How many plan items this worker sends in a trace replay (each once)."""
+        return len(range(self.worker_index, len(self.plan), self.num_workers))
 
     def is_warmup(self, t: float) -> bool:
         return t < self.start_time + self.warmup_s
@@ -102,15 +111,31 @@ class LoadContext:
         self.num_sent += 1
         return seq, self.plan[(self.worker_index + seq * self.num_workers) % len(self.plan)]
 
-    def body(self, item: PlannedRequest) -> dict[str, Any]:
+    def next_session(self) -> list[tuple[int, PlannedRequest]]:
+        """This worker's next chat session: ``(seq, item)`` per turn, in turn order.
+
+        NOTE: worker i of W takes sessions i, i + W, ... (cycling), as :meth:`next_item` takes items.
+        """
+        if not self.sessions:
+            raise ValueError("the plan has no chat sessions (its items have no turn)")
+        n = self.num_sessions_taken
+        self.num_sessions_taken += 1
+        indices = self.sessions[(self.worker_index + n * self.num_workers) % len(self.sessions)]
+        out = []
+        for index in indices:
+            out.append((self.num_sent, self.plan[index]))
+            self.num_sent += 1
+        return out
+
+    def body(self, item: PlannedRequest, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": item.max_tokens, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extension, also served by ours, SGLang and llama.cpp's
         if self.api == "chat":
-            body["messages"] = [{"role": "user", "content": item.prompt}]
+            body["messages"] = messages if messages is not None else [{"role": "user", "content": item.prompt}]
         else:
-            body["prompt"] = item.prompt
+            body["prompt"] = item.prompt if item.prompt_token_ids is None else item.prompt_token_ids
         return body
 
     def backoff_s(self, is_ok: bool) -> float:
@@ -137,24 +162,29 @@ class LoadContext:
             self.journal.close()
 
 
-def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None) -> None:
-    """Send the next planned request, stream it, journal its row, and report it to Locust.
+def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
+                 planned: tuple[int, PlannedRequest] | None = None,
+                 messages: list[dict[str, str]] | None = None) -> str | None:
+    """Send the next planned request (or ``planned``: ``(seq, item)``), stream it, journal its row, and
+    report it to Locust; returns the streamed text when ``messages`` (a chat history) was given
+    and the request succeeded, else None.
 
     ``client`` is the user's ``HttpSession``. The HTTP row's time is the whole exchange (send to
     finish chunk), not Locust's default of send to headers.
     """
-    seq, item = ctx.next_item()
+    seq, item = planned if planned is not None else ctx.next_item()
     send = ctx.clock.now()
     record = ClientRecord(worker=ctx.worker, seq=seq, plan_index=item.index, group=item.group,
                           is_warmup=ctx.is_warmup(send), send_time=send, scheduled_time=scheduled_time,
                           planned_prompt_tokens=item.num_prompt_tokens, max_tokens=item.max_tokens)
     suffix = WARMUP_SUFFIX if record.is_warmup else ""
+    text: str | None = None
     try:
-        with client.post(ctx.path, json=ctx.body(item), headers=ctx.headers(), stream=True, catch_response=True,
-                         name=ctx.path + suffix, timeout=(10.0, ctx.read_timeout_s)) as response:
+        with client.post(ctx.path, json=ctx.body(item, messages), headers=ctx.headers(), stream=True,
+                         catch_response=True, name=ctx.path + suffix, timeout=(10.0, ctx.read_timeout_s)) as response:
             record.first_byte_time = ctx.clock.now()
             try:
-                _read_response(response, ctx, record)
+                text = _read_response(response, ctx, record, keep_text=messages is not None)
             except Exception as exc:  # noqa: BLE001 - a broken stream is this request's failure, not the user's
                 record.error = f"{type(exc).__name__}: {exc}"
             response.request_meta["response_time"] = ((record.end_time or ctx.clock.now()) - send) * 1000
@@ -173,20 +203,23 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
         ctx.journal.write(record)
     if record.is_ok:
         report_token_rows(fire, record, suffix)
-    wait_s = ctx.backoff_s(record.is_ok)
-    if wait_s:
-        # NOTE: Locust monkey-patches time.sleep to yield to the other users.
-        time.sleep(min(wait_s, max(ctx.deadline - ctx.clock.now(), 0.0)))
+        ctx.backoff_s(True)
+        return text
+    wait_s = ctx.backoff_s(False)
+    # NOTE: Locust monkey-patches time.sleep to yield to the other users.
+    time.sleep(min(wait_s, max(ctx.deadline - ctx.clock.now(), 0.0)))
+    return None
 
 
-def _read_response(response: Any, ctx: LoadContext, record: ClientRecord) -> None:
+def _read_response(response: Any, ctx: LoadContext, record: ClientRecord, keep_text: bool = False) -> str | None:
+    """Fill ``record`` from the response; the streamed text when ``keep_text``."""
     record.status_code = int(response.status_code or 0)
     if record.status_code != 200:
         error = getattr(response, "error", None)
         text = response.text if record.status_code else ""
         record.error = f"HTTP {record.status_code}: {(text or str(error or ''))[:300]}"
-        return
-    timer = StreamTimer(ctx.api)
+        return None
+    timer = StreamTimer(ctx.api, keep_text)
     for raw in response.iter_lines():
         timer.feed(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, ctx.clock.now())
     timing = timer.finish()
@@ -200,6 +233,16 @@ def _read_response(response: Any, ctx: LoadContext, record: ClientRecord) -> Non
     record.num_cached_tokens = timing.num_cached_tokens
     record.has_usage = timing.has_usage
     record.error = timing.error
+    return timing.text if keep_text else None
+
+
+def _sessions(plan: list[PlannedRequest]) -> list[list[int]]:
+    """Plan indices of each chat session (items with a turn, grouped by ``group``), turns in order."""
+    sessions: dict[str, list[tuple[int, int]]] = {}
+    for index, item in enumerate(plan):
+        if item.turn is not None:
+            sessions.setdefault(item.group, []).append((item.turn, index))
+    return [[index for _, index in sorted(turns)] for turns in sessions.values()]
 
 
 def report_token_rows(fire: RequestEvent, record: ClientRecord, suffix: str = "") -> None:

@@ -46,7 +46,12 @@ class LocustRun:
 def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> list[str]:
     """The headless Locust command line for one load point against ``url``."""
     num_users = config.users if config.users is not None else config.processes
-    user_class = "LLMUser" if config.users is not None else "OpenLoopUser"
+    if config.is_trace:
+        user_class = "TraceUser"
+    elif config.workload == "chat-sessions":
+        user_class = "ChatSessionUser"
+    else:
+        user_class = "LLMUser" if config.users is not None else "OpenLoopUser"
     run_time = config.run_time_s + config.stop_timeout_s + RUN_TIME_MARGIN_S  # Locust takes whole seconds
     argv = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
@@ -59,6 +64,7 @@ def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> l
         "--ss-rate", f"{config.rate or 0:g}", "--ss-burstiness", f"{config.burstiness:g}",
         "--ss-burst-size", str(config.burst_size), "--ss-seed", str(config.seed),
         "--ss-num-workers", str(config.processes), "--ss-ignore-eos", str(int(config.ignore_eos)),
+        "--ss-trace", str(int(config.is_trace)),
     ]
     if config.processes > 1:
         argv += ["--processes", str(config.processes)]

@@ -4,6 +4,9 @@
 ``OpenLoopUser`` is the open loop: one per worker process, it sends on a seeded arrival schedule
 (Poisson, or gamma gaps for burstiness; ``loadtests.arrival``) from a greenlet per request, so a
 slow server never slows the arrivals; run it with as many users as worker processes.
+``TraceUser`` replays a trace the same way, each plan item once at its own ``arrival_s``.
+``ChatSessionUser`` is a closed loop over chat sessions: turn after turn, each sending the whole
+history (the user's messages and the server's own replies so far).
 
 Both stream SSE and report, besides the HTTP row, TTFT, ITL and TPOT as their own Locust rows
 (request type ``LLM``), and append a client row per request to the run directory.
@@ -39,6 +42,8 @@ from loadtests.load_context import API_PATHS, LoadContext, send_request
 # Connections an open-loop worker may hold at once (requests in flight beyond it get new ones).
 MAX_OPEN_LOOP_CONNECTIONS = 1024
 CONTEXT_ATTRIBUTE = "servescope_load"
+# How far ahead of its time a trace request's greenlet is created (it then sleeps to the time).
+TRACE_LOOKAHEAD_S = 0.5
 WORKER_DONE_MESSAGE = "servescope_worker_done"
 # Seconds to let a last stats report (worker -> master) or CSV write (master, local) happen.
 REPORT_SETTLE_S = WORKER_REPORT_INTERVAL + 0.5
@@ -61,6 +66,7 @@ def _add_arguments(parser: Any) -> None:
     g.add_argument("--ss-num-workers", type=int, default=1, help="worker processes in the run")
     g.add_argument("--ss-ignore-eos", type=int, default=1, help="1: ask for exactly max_tokens tokens")
     g.add_argument("--ss-read-timeout", type=float, default=300.0, help="seconds a stream may stay silent")
+    g.add_argument("--ss-trace", type=int, default=0, help="1: send each plan item once, at its arrival_s")
 
 
 @events.init.add_listener
@@ -142,11 +148,37 @@ class LLMUser(HttpUser):
     @task
     def stream_one(self) -> None:
         context = load_context(self.environment)
-        if context.arrivals is not None:
-            raise StopUser()  # an open-loop run uses OpenLoopUser
+        if context.arrivals is not None or context.is_trace:
+            raise StopUser()  # an open-loop run uses OpenLoopUser, a trace TraceUser
         if context.clock.now() >= context.deadline:
             raise StopUser()
         send_request(self.client, context, self.environment.events.request.fire)
+
+
+class ChatSessionUser(HttpUser):
+    """Closed loop over chat sessions: each turn sends the history so far and waits for its reply."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        load_context(self.environment).user_started()
+
+    def on_stop(self) -> None:
+        _user_done(self.environment)
+
+    @task
+    def converse(self) -> None:
+        context = load_context(self.environment)
+        messages: list[dict[str, str]] = []
+        for seq, item in context.next_session():
+            if context.clock.now() >= context.deadline:
+                raise StopUser()
+            messages.append({"role": "user", "content": item.prompt})
+            reply = send_request(self.client, context, self.environment.events.request.fire, None, (seq, item),
+                                 list(messages))
+            if reply is None:
+                return  # a failed turn ends its session; the next task starts a new one
+            messages.append({"role": "assistant", "content": reply})
 
 
 class OpenLoopUser(HttpUser):
@@ -185,6 +217,47 @@ class OpenLoopUser(HttpUser):
         for _ in range(context.arrivals.burst_size):
             self._in_flight.spawn(send_request, self.client, context, self.environment.events.request.fire,
                                   self._next_arrival)
+
+    def on_stop(self) -> None:
+        context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)
+        self._in_flight.join(timeout=context.stop_timeout_s if context else None)
+        _user_done(self.environment)
+
+
+class TraceUser(HttpUser):
+    """Trace replay: one per worker; each plan item goes out once, on its own greenlet, at its ``arrival_s``."""
+
+    wait_time = constant(0)
+
+    def __init__(self, environment: Environment) -> None:
+        self.pool_manager = PoolManager(maxsize=MAX_OPEN_LOOP_CONNECTIONS, block=False)
+        super().__init__(environment)
+        self._in_flight = gevent.pool.Group()
+
+    def on_start(self) -> None:
+        context = load_context(self.environment)
+        context.user_started()
+        if not context.is_trace:
+            raise StopUser()
+
+    @task
+    def replay(self) -> None:
+        context = load_context(self.environment)
+        for _ in range(context.num_trace_items):
+            seq, item = context.next_item()
+            assert item.arrival_s is not None, "a trace plan gives every item its arrival time"
+            scheduled = context.start_time + item.arrival_s
+            if scheduled >= context.deadline:
+                break
+            # NOTE: each request's greenlet is armed a little ahead and sleeps to its own time, so
+            # it sends the moment its timer fires, not one scheduling hop later; a late one sends
+            # at once, and its lag shows as send_time - scheduled_time in the client rows.
+            gevent.sleep(max(scheduled - TRACE_LOOKAHEAD_S - context.clock.now(), 0.0))
+            self._in_flight.add(gevent.spawn_later(
+                max(scheduled - context.clock.now(), 0.0), send_request, self.client, context,
+                self.environment.events.request.fire, scheduled, (seq, item)))
+        self._in_flight.join()
+        raise StopUser()
 
     def on_stop(self) -> None:
         context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)

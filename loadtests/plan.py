@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtests.config import LoadConfig
-from loadtests.workloads import TokenizerLike, make_workload
+from loadtests.workloads import ChatSessions, TokenizerLike, make_workload
 
 # Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
 CHAT_TEMPLATE_MARGIN = 64
@@ -27,6 +27,10 @@ class PlannedRequest:
     num_prompt_tokens: int
     max_tokens: int
     group: str = ""
+    arrival_s: float | None = None  # a trace's: when to send it, seconds after the run starts
+    # NOTE: set for traces only: /v1/completions then gets the token ids, so lengths are exact on any tokenizer.
+    prompt_token_ids: list[int] | None = None
+    turn: int | None = None  # chat sessions: this user message's turn in the session ``group``
 
 
 def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int | None) -> list[PlannedRequest]:
@@ -38,12 +42,22 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
     overrides: dict[str, object] = {}
     if config.max_tokens is not None:
         overrides["max_output_tokens"] = config.max_tokens
-    items = make_workload(config.workload, **overrides).items(config.plan_size(), tokenizer, config.seed)
+    if config.is_trace:
+        overrides.update(time_scale=config.time_scale, max_requests=config.max_requests)
+    if config.workload == "chat-sessions":
+        overrides["num_turns"] = config.turns
+    workload = make_workload(config.workload, **overrides)
+    if isinstance(workload, ChatSessions) and max_model_len is not None:
+        longest = workload.max_session_tokens() + CHAT_TEMPLATE_MARGIN * workload.num_turns
+        if longest > max_model_len:
+            raise ValueError(f"a chat session of {workload.num_turns} turns may reach {longest} tokens of history, "
+                             f"past the server's max_model_len {max_model_len}; lower --turns or --max-tokens")
+    items = workload.items(config.plan_size(), tokenizer, config.seed)
     margin = CHAT_TEMPLATE_MARGIN if config.api == "chat" else 0
     plan = []
     for index, item in enumerate(items):
         ids, prompt = item.prompt_token_ids, item.prompt
-        if max_model_len is not None:
+        if max_model_len is not None and item.turn is None:
             room = max_model_len - margin - item.max_tokens
             if room < 1:
                 raise ValueError(f"max_tokens {item.max_tokens} leaves no room for a prompt in the server's "
@@ -51,7 +65,8 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
             if len(ids) > room:
                 ids = ids[:room]
                 prompt = tokenizer.decode(ids)
-        plan.append(PlannedRequest(index, prompt, len(ids), item.max_tokens, item.group))
+        plan.append(PlannedRequest(index, prompt, len(ids), item.max_tokens, item.group, item.arrival_s,
+                                   list(ids) if config.is_trace else None, item.turn))
     return plan
 
 

@@ -34,6 +34,7 @@ class StreamTiming:
     num_cached_tokens: int | None = None
     is_done: bool = False  # saw [DONE]
     error: str | None = None
+    text: str = ""  # the content, kept only when asked (a chat session sends it back as history)
 
     @property
     def has_usage(self) -> bool:
@@ -48,10 +49,12 @@ class StreamTiming:
 class StreamTimer:
     """Feed it each line of the response body with the time it arrived; read :attr:`timing`."""
 
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, keep_text: bool = False) -> None:
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
         self._is_chat = api == "chat"
+        self._keep_text = keep_text
+        self._parts: list[str] = []
         self.timing = StreamTiming()
 
     def feed(self, line: str, now: float) -> None:
@@ -83,7 +86,10 @@ class StreamTimer:
         if isinstance(usage, dict):
             self._read_usage(usage)
         for choice in event.get("choices") or []:
-            if self._content(choice):
+            content = self._content(choice)
+            if content:
+                if self._keep_text:
+                    self._parts.append(content)
                 if timing.first_token_time is None:
                     timing.first_token_time = now
                 timing.token_times.append(now)
@@ -98,6 +104,7 @@ class StreamTimer:
         server sends these) is complete: it ends at its last content chunk, reason unknown.
         """
         timing = self.timing
+        timing.text = "".join(self._parts)
         if timing.end_time is None:
             timing.end_time = timing.token_times[-1] if timing.token_times else timing.last_event_time
             if timing.error is None and not (timing.is_done and timing.token_times):

@@ -15,6 +15,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import ClassVar, Protocol
 
+from loadtests.traces import MOONCAKE_BLOCK_TOKENS, TRACE_PREFIX, TraceRequest, read_trace, trace_path
+
 
 class TokenizerLike(Protocol):
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
@@ -30,6 +32,8 @@ class WorkItem:
     prompt: str
     max_tokens: int
     group: str = ""  # e.g. the system prompt a shared-prefix item belongs to
+    arrival_s: float | None = None  # a trace's: when to send it, seconds after the run starts
+    turn: int | None = None  # chat sessions: the turn (0, 1, ...) of the session named by ``group``
 
 
 @cache
@@ -157,13 +161,101 @@ class Burst(Mixed):
     name: ClassVar[str] = "burst"
 
 
+@dataclass(slots=True)
+class ChatSessions(Workload):
+    """Multi-turn chats: each session is ``num_turns`` user messages; every turn sends the whole history.
+
+    The items are the sessions' user messages, turn by turn (``group`` names the session); the
+    assistant's replies are whatever the server answered, added to the history as the turns go, so
+    each turn's prompt extends the last one: the case prefix caching exists for.
+    """
+
+    name: ClassVar[str] = "chat-sessions"
+    num_turns: int = 4
+    user_range: tuple[int, int] = (16, 64)
+    output_range: tuple[int, int] = (16, 48)
+
+    def items(self, num_requests: int, tokenizer: TokenizerLike, seed: int = 0) -> list[WorkItem]:
+        if num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+        if self.num_turns < 1:
+            raise ValueError(f"num_turns must be >= 1, got {self.num_turns}")
+        rng = random.Random(seed)
+        corpus_ids = tokenizer.encode(corpus_text())
+        out = []
+        for session in range(math.ceil(num_requests / self.num_turns)):
+            for turn in range(self.num_turns):
+                ids = text_window(tokenizer, corpus_ids, rng.randint(*self.user_range), rng)
+                max_tokens = min(rng.randint(*self.output_range), self.max_output_tokens)
+                out.append(WorkItem(ids, tokenizer.decode(ids), max_tokens, f"session-{session}", turn=turn))
+        return out
+
+    def max_session_tokens(self) -> int:
+        """The most tokens a session's last turn can hold: every message and reply at its longest."""
+        return self.num_turns * (self.user_range[1] + min(self.output_range[1], self.max_output_tokens))
+
+
+@dataclass(slots=True)
+class Trace(Workload):
+    """A recorded trace replayed as it was (``loadtests.traces``): its arrival times and exact lengths.
+
+    Every request is sent once, at its own time; ``num_requests`` is ignored. Mooncake's hash ids
+    become shared prefixes: each id is one 512-token corpus window, the same for every request
+    that names it, so the prefix cache sees the trace's reuse.
+    """
+
+    name: ClassVar[str] = "trace"
+    path: str = ""
+    time_scale: float = 1.0
+    max_requests: int | None = None
+
+    def requests(self) -> list[TraceRequest]:
+        return read_trace(trace_path(self.path), self.time_scale, self.max_requests)
+
+    def items(self, num_requests: int, tokenizer: TokenizerLike, seed: int = 0) -> list[WorkItem]:
+        rng = random.Random(seed)
+        corpus_ids = tokenizer.encode(corpus_text())
+        blocks: dict[int, list[int]] = {}
+
+        def block(hash_id: int) -> list[int]:
+            if hash_id not in blocks:
+                blocks[hash_id] = text_window(tokenizer, corpus_ids, MOONCAKE_BLOCK_TOKENS,
+                                              random.Random(f"servescope-trace-block-{seed}-{hash_id}"))
+            return blocks[hash_id]
+
+        out = []
+        for request in self.requests():
+            ids = [t for h in request.hash_ids for t in block(h)][:request.input_tokens]
+            if len(ids) < request.input_tokens:  # no hash ids, or fewer blocks than the length needs
+                ids += text_window(tokenizer, corpus_ids, request.input_tokens - len(ids), rng)
+            group = f"prefix-{request.hash_ids[0]}" if request.hash_ids else ""
+            max_tokens = min(request.output_tokens, self.max_output_tokens)
+            out.append(WorkItem(ids, tokenizer.decode(ids), max_tokens, group, request.arrival_s))
+        return out
+
+
 WORKLOADS: Mapping[str, type[Workload]] = MappingProxyType(
-    {cls.name: cls for cls in (Fixed, ShareGPTSynth, Mixed, LongContext, SharedPrefix, Burst)}
+    {cls.name: cls for cls in (Fixed, ShareGPTSynth, Mixed, LongContext, SharedPrefix, Burst, ChatSessions)}
 )
 
 
+def is_trace(name: str) -> bool:
+    return name.startswith(TRACE_PREFIX)
+
+
+def check_workload_name(name: str) -> None:
+    """ValueError naming the choices for a workload that is neither registered nor ``trace:FILE``."""
+    if is_trace(name):
+        trace_path(name)
+    elif name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}, "
+                         f"or trace:FILE (Mooncake JSONL, BurstGPT or Azure CSV)")
+
+
 def make_workload(name: str, **overrides: object) -> Workload:
-    """A workload by name, with field overrides (e.g. ``max_output_tokens=32``)."""
+    """A workload by name, with field overrides (e.g. ``max_output_tokens=32``); ``trace:FILE`` replays a file."""
+    if is_trace(name):
+        return Trace(path=name, **overrides)  # type: ignore[arg-type]
     try:
         cls = WORKLOADS[name]
     except KeyError:

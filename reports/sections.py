@@ -313,7 +313,8 @@ class RunSection(Section):
     def blocks(self, ctx: ReportContext) -> list[Block | None]:
         m = ctx.focus.manifest
         rows = [["directory", str(ctx.root)], ["model", ctx.focus.model],
-                ["load", json.dumps(ctx.focus.load_config, sort_keys=True, default=str)]]
+                ["load", json.dumps(ctx.focus.load_config, sort_keys=True, default=str)],
+                ["prefix-cache hit rate", prefix_cache_line(ctx)]]
         if m is not None:
             rows += [["engine config", json.dumps(m.engine_config, sort_keys=True, default=str)],
                      ["machine", json.dumps(m.machine.to_dict(), sort_keys=True, default=str)],
@@ -330,6 +331,20 @@ class RunSection(Section):
             out.append(table(columns, stats[columns].values.tolist(), caption="Locust's own statistics "
                                                                               "(locust_stats.csv)"))
         return out
+
+
+def prefix_cache_line(ctx: ReportContext) -> str:
+    """Prompt tokens served from the prefix cache: per the engine's steps, and per the responses' usage."""
+    server = ctx.facts.server.prefix_hit_rate if ctx.facts.server is not None else None
+    parts = [f"{server:.1%} of prefill tokens (engine steps)"] if server is not None else []
+    rows = ctx.focus.client
+    if rows is not None and len(rows) and "num_cached_tokens" in rows:
+        measured = rows[~rows["is_warmup"] & rows["num_cached_tokens"].notna()]
+        prompt = float(measured["num_prompt_tokens"].sum())
+        if prompt:
+            parts.append(f"{float(measured['num_cached_tokens'].sum()) / prompt:.1%} of prompt tokens "
+                         f"(usage.prompt_tokens_details.cached_tokens)")
+    return "; ".join(parts) or "not reported by this server"
 
 
 def section_views(ctx: ReportContext) -> list[dict[str, Any]]:

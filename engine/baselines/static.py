@@ -45,7 +45,7 @@ class StaticBatchEngine(EngineBase):
         self.model: transformers.LlamaForCausalLM = hf_model_from(self.model_config, loaded.state_dict,
                                                                   self.config.torch_dtype)
         self._cache_arg = cache_kwarg(self.model)
-        self.sampler = Sampler(self.config.seed)
+        self.sampler = Sampler(self.config.seed, self.eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.batch: list[Request] = []
         self._cache: object | None = None
@@ -108,12 +108,13 @@ class StaticBatchEngine(EngineBase):
         logits = out.logits[:, -1].float()
         t3 = time.perf_counter()
         active = [i for i, r in enumerate(self.batch) if not r.is_finished]
-        tokens = self.sampler.sample(logits[active], [self.batch[i].request_id for i in active],
-                                     [self.batch[i].sampling_params for i in active])
+        rows = [self.batch[i] for i in active]
+        sampled = self.sampler.sample(logits[active], [r.request_id for r in rows], [r.sampling_params for r in rows],
+                                      [r.num_output_tokens for r in rows])
         t4 = time.perf_counter()
         now = time.time()
         outputs = []
-        for row, token in zip(active, tokens, strict=True):
+        for row, token, logprob in zip(active, sampled.token_ids, sampled.logprobs, strict=True):
             request = self.batch[row]
             request.num_computed_tokens = request.num_tokens
             request.append_output_token(token)
@@ -123,7 +124,7 @@ class StaticBatchEngine(EngineBase):
             if status is not None:
                 request.status = status
                 self.sampler.release(request.request_id)
-            outputs.append(self.outputs.make_output(request, token, now))
+            outputs.append(self.outputs.make_output(request, token, now, logprob))
         if all(r.is_finished for r in self.batch):
             self._end_batch()
         t5 = time.perf_counter()

@@ -27,6 +27,7 @@ from engine.server.inputs import (
     completion_prompt_ids,
     sampling_params,
 )
+from engine.server.logprobs import LogprobRenderer
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.server.request_stream import EngineUnavailableError, RequestFailedError, RequestStream
 from engine.server.responses import (
@@ -40,7 +41,7 @@ from engine.server.responses import (
     Usage,
 )
 from engine.server.serving_engine import ServingEngine
-from engine.server.streaming import SSEResponse, chat_events, collect_final, completion_events
+from engine.server.streaming import SSEResponse, StreamOptions, chat_events, collect_final, completion_events
 
 # nginx's "client closed request": the status a request gets when nobody is left to read it.
 CLIENT_CLOSED_REQUEST = 499
@@ -124,12 +125,15 @@ def _openai_router(async_engine: AsyncEngine) -> APIRouter:
                                  DEFAULT_COMPLETION_MAX_TOKENS)
         stream = await _submit(async_engine, prompt_ids, params, f"cmpl-{uuid.uuid4().hex}")
         created = int(time.time())
+        renderer = _renderer(body.num_logprobs)
         if body.stream:
-            return SSEResponse(completion_events(stream, model, created, body.include_usage))
+            return SSEResponse(completion_events(stream, model, created, _stream_options(body, renderer)))
         final = await _collect(stream, request)
         if final is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason, stop_reason=final.stop_reason)
+        logprobs = renderer.completion(final.logprobs or []) if renderer is not None else None
+        choice = CompletionChoice(text=final.text, logprobs=logprobs, finish_reason=final.finish_reason,
+                                  stop_reason=final.stop_reason)
         return JSONResponse(CompletionResponse(id=stream.request_id, created=created, model=model, choices=[choice],
                                                usage=Usage.of(final)).model_dump())
 
@@ -141,17 +145,26 @@ def _openai_router(async_engine: AsyncEngine) -> APIRouter:
         params = sampling_params(body, body.max_new_tokens, len(prompt_ids), max_model_len, None)
         stream = await _submit(async_engine, prompt_ids, params, f"chatcmpl-{uuid.uuid4().hex}")
         created = int(time.time())
+        renderer = _renderer(body.num_logprobs)
         if body.stream:
-            return SSEResponse(chat_events(stream, model, created, body.include_usage))
+            return SSEResponse(chat_events(stream, model, created, len(prompt_ids), _stream_options(body, renderer)))
         final = await _collect(stream, request)
         if final is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        choice = ChatChoice(message=AssistantMessage(content=final.text), finish_reason=final.finish_reason,
-                            stop_reason=final.stop_reason)
+        logprobs = renderer.chat(final.logprobs or []) if renderer is not None else None
+        choice = ChatChoice(message=AssistantMessage(content=final.text), logprobs=logprobs,
+                            finish_reason=final.finish_reason, stop_reason=final.stop_reason)
         return JSONResponse(ChatCompletionResponse(id=stream.request_id, created=created, model=model,
                                                    choices=[choice], usage=Usage.of(final)).model_dump())
 
+    def _renderer(num_logprobs: int | None) -> LogprobRenderer | None:
+        return None if num_logprobs is None else LogprobRenderer(engine.tokenizer, num_logprobs)
+
     return router
+
+
+def _stream_options(body: CompletionRequest | ChatCompletionRequest, renderer: LogprobRenderer | None) -> StreamOptions:
+    return StreamOptions(include_usage=body.include_usage, continuous_usage=body.continuous_usage, logprobs=renderer)
 
 
 async def _submit(async_engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams,

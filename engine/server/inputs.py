@@ -82,10 +82,13 @@ def sampling_params(body: SamplingRequest, max_tokens: int | None, num_prompt_to
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-            top_k=top_k, top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=stop,
+            top_k=top_k, top_p=1.0 if body.top_p is None else body.top_p,
+            min_p=0.0 if body.min_p is None else body.min_p, seed=body.seed, stop=stop,
             stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
-            include_stop_str_in_output=body.include_stop_str_in_output,
+            include_stop_str_in_output=body.include_stop_str_in_output, min_tokens=body.min_tokens,
+            logprobs=body.num_logprobs, skip_special_tokens=body.skip_special_tokens,
         )
     except ValueError as exc:
-        raise bad_request(str(exc)) from exc
+        message = str(exc)
+        raise bad_request(message, param="min_tokens" if message.startswith("min_tokens") else None) from exc
 

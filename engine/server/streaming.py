@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -16,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.outputs import RequestOutput
 from engine.server.errors import error_body
+from engine.server.logprobs import LogprobRenderer
 from engine.server.request_stream import EngineUnavailableError, RequestFailedError, RequestStream
 from engine.server.responses import (
     ChatCompletionChunk,
@@ -60,28 +62,42 @@ def sse_error(exc: Exception) -> str:
     return f"data: {json.dumps(error_body(str(exc), type='server_error'))}\n\n"
 
 
+@dataclass(slots=True, frozen=True)
+class StreamOptions:
+    """What a stream carries besides text: a final usage chunk, usage on every chunk, logprobs."""
+
+    include_usage: bool = False
+    continuous_usage: bool = False
+    logprobs: LogprobRenderer | None = None
+
+
 async def completion_events(stream: RequestStream, model: str, created: int,
-                            include_usage: bool) -> AsyncIterator[str]:
+                            options: StreamOptions) -> AsyncIterator[str]:
     """``text_completion`` chunks: text deltas, a final chunk with ``finish_reason``, usage, ``[DONE]``."""
 
-    def chunk(text: str, output: RequestOutput | None = None) -> CompletionResponse:
-        choice = CompletionChoice(text=text, finish_reason=output.finish_reason if output else None,
-                                  stop_reason=output.stop_reason if output else None)
-        return CompletionResponse(id=stream.request_id, created=created, model=model, choices=[choice])
+    def chunk(text: str, output: RequestOutput, final: bool = False) -> CompletionResponse:
+        logprobs = None
+        if options.logprobs is not None and not final and output.new_logprobs:
+            logprobs = options.logprobs.completion(output.new_logprobs)
+        choice = CompletionChoice(text=text, logprobs=logprobs,
+                                  finish_reason=output.finish_reason if final else None,
+                                  stop_reason=output.stop_reason if final else None)
+        usage = Usage.of(output) if options.continuous_usage else None
+        return CompletionResponse(id=stream.request_id, created=created, model=model, choices=[choice], usage=usage)
 
     try:
         final: RequestOutput | None = None
         try:
             async for output in stream:
-                if output.new_text:
-                    yield sse(chunk(output.new_text))
+                if output.new_text or (options.logprobs is not None and output.new_logprobs):
+                    yield sse(chunk(output.new_text, output))
                 final = output
         except (RequestFailedError, EngineUnavailableError) as exc:
             yield sse_error(exc)
             final = None
         if final is not None:
-            yield sse(chunk("", final))
-            if include_usage:
+            yield sse(chunk("", final, final=True))
+            if options.include_usage:
                 yield sse(CompletionResponse(id=stream.request_id, created=created, model=model, choices=[],
                                              usage=Usage.of(final)))
         yield SSE_DONE
@@ -89,28 +105,37 @@ async def completion_events(stream: RequestStream, model: str, created: int,
         stream.cancel()
 
 
-async def chat_events(stream: RequestStream, model: str, created: int, include_usage: bool) -> AsyncIterator[str]:
+async def chat_events(stream: RequestStream, model: str, created: int, num_prompt_tokens: int,
+                      options: StreamOptions) -> AsyncIterator[str]:
     """``chat.completion.chunk`` events: the assistant role, content deltas, ``finish_reason``, usage, ``[DONE]``."""
 
-    def chunk(delta: Delta, output: RequestOutput | None = None) -> ChatCompletionChunk:
-        choice = ChatStreamChoice(delta=delta, finish_reason=output.finish_reason if output else None,
-                                  stop_reason=output.stop_reason if output else None)
-        return ChatCompletionChunk(id=stream.request_id, created=created, model=model, choices=[choice])
+    def chunk(delta: Delta, output: RequestOutput | None, final: bool = False) -> ChatCompletionChunk:
+        logprobs = None
+        if options.logprobs is not None and output is not None and not final and output.new_logprobs:
+            logprobs = options.logprobs.chat(output.new_logprobs)
+        choice = ChatStreamChoice(delta=delta, logprobs=logprobs,
+                                  finish_reason=output.finish_reason if final and output else None,
+                                  stop_reason=output.stop_reason if final and output else None)
+        usage = None
+        if options.continuous_usage:
+            usage = Usage.of(output) if output is not None else Usage(
+                prompt_tokens=num_prompt_tokens, completion_tokens=0, total_tokens=num_prompt_tokens)
+        return ChatCompletionChunk(id=stream.request_id, created=created, model=model, choices=[choice], usage=usage)
 
     try:
-        yield sse(chunk(Delta(role="assistant", content="")))
+        yield sse(chunk(Delta(role="assistant", content=""), None))
         final: RequestOutput | None = None
         try:
             async for output in stream:
-                if output.new_text:
-                    yield sse(chunk(Delta(content=output.new_text)))
+                if output.new_text or (options.logprobs is not None and output.new_logprobs):
+                    yield sse(chunk(Delta(content=output.new_text), output))
                 final = output
         except (RequestFailedError, EngineUnavailableError) as exc:
             yield sse_error(exc)
             final = None
         if final is not None:
-            yield sse(chunk(Delta(), final))
-            if include_usage:
+            yield sse(chunk(Delta(), final, final=True))
+            if options.include_usage:
                 yield sse(ChatCompletionChunk(id=stream.request_id, created=created, model=model, choices=[],
                                               usage=Usage.of(final)))
         yield SSE_DONE

@@ -46,6 +46,26 @@ def test_greedy_matches_the_engine(tiny, engine_cls) -> None:
     assert run_all(engine_cls(EngineConfig(model="dummy:tiny"), tiny), params) == expected
 
 
+def _logprobs(engine, params: SamplingParams) -> list[list[float]]:
+    ids = [engine.add_request(p, params) for p in PROMPTS]
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = [lp.logprob for lp in out.logprobs]
+    return [finished[i] for i in ids]
+
+
+def test_static_batch_reports_the_engines_logprobs(tiny) -> None:
+    """Padded static batches (HF's model, left padding) compute the engine's log-probabilities."""
+    params = SamplingParams(max_tokens=6, min_tokens=6, logprobs=1)
+    expected = _logprobs(LLMEngine(EngineConfig(model="dummy:tiny"), tiny), params)
+    got = _logprobs(StaticBatchEngine(EngineConfig(model="dummy:tiny"), tiny), params)
+    assert [len(x) for x in got] == [6] * len(PROMPTS)
+    for row, want in zip(got, expected, strict=True):
+        assert row == pytest.approx(want, abs=1e-3)
+
+
 def test_static_batch_admits_nobody_until_it_drains(tiny) -> None:
     engine = StaticBatchEngine(EngineConfig(model="dummy:tiny", max_num_seqs=2), tiny)
     recorder = StepRecorder()

@@ -55,6 +55,18 @@ def test_byte_level_is_deterministic() -> None:
     assert first.backend.to_str() == second.backend.to_str()
 
 
+def test_saved_hf_tokenizer_counts_and_renders_as_ours(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    ours = Tokenizer.byte_level(512)
+    theirs = AutoTokenizer.from_pretrained(ours.save_pretrained(tmp_path / "tok"))
+    text = "<|im_start|>user\nhéllo 🎉 and more<|im_end|>"
+    assert theirs.encode(text, add_special_tokens=False) == ours.encode(text)
+    assert theirs.eos_token_id == ours.eos_token_id
+    assert theirs.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True) == \
+        ours.apply_chat_template(CONVERSATION)
+
+
 def test_byte_level_rejects_small_vocab() -> None:
     with pytest.raises(ValueError, match="vocab_size >= 259"):
         Tokenizer.byte_level(258)

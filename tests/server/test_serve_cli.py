@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +18,7 @@ from engine.flags import engine_config_from_args
 from engine.server.app import ServerSettings
 from engine.server.cli import build_engine, run_serve
 from tests.server.conftest import MODEL, start_server, stop_server
-
-STARTUP_TIMEOUT_S = 60.0
-EXIT_TIMEOUT_S = 30.0
+from tests.server.serve_process import EXIT_TIMEOUT_S, STARTUP_TIMEOUT_S, ServeProcess
 
 
 def test_serve_parses_every_documented_flag() -> None:
@@ -64,47 +58,6 @@ def test_baseline_engines_serve_the_same_api(kind: str) -> None:
         live.wait_idle()
     finally:
         stop_server(live)
-
-
-class ServeProcess:
-    """``python -m engine.cli serve`` on port 0, with its stderr read on a thread."""
-
-    def __init__(self, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "serve", "--model", MODEL, "--port", "0", "--execution", "eager",
-             "--num-kv-blocks", "128", "--shutdown-timeout", "20", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = self._wait_for_url()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def _wait_for_url(self) -> str:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            self.log.append(line)
-            match = re.search(r"running on (http://127\.0\.0\.1:\d+)", line)
-            if match:
-                return match.group(1)
-        self.proc.kill()
-        raise RuntimeError("servescope serve did not start:\n" + "".join(self.log))
-
-    def exit_code(self) -> int:
-        code = self.proc.wait(timeout=EXIT_TIMEOUT_S)
-        while not self.lines.empty():
-            self.log.append(self.lines.get())
-        return code
 
 
 @pytest.fixture
