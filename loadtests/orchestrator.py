@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -36,6 +36,9 @@ from loadtests.summary import LOAD_NAME, SWEEP_NAME, Summary, write_summary
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
 from probes.run_dir import RunDirectory
+
+if TYPE_CHECKING:
+    from probes.session import ProbeSession
 
 SERVER_STARTUP_TIMEOUT_S = 600.0
 
@@ -142,25 +145,14 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
              served_model: str | None = None, api_key: str | None = None) -> Summary:
     """Each point against an external server; its /metrics (when served) and this host are probed."""
-    from probes.host import HostProbe
-    from probes.manifest import RunManifest
-    from probes.prometheus import PrometheusProbe
-    from probes.session import ProbeSession
-
     target = discover_target(url, served_model, api_key)
-    name = tokenizer_name or (target.model if is_known_model(target.model) else DEFAULT_TOKENIZER)
+    name = tokenizer_name_for(target, tokenizer_name)
     if tokenizer_name is None and name != target.model:
         console.print(f"[yellow]note:[/] no tokenizer for {target.model!r} here; prompts are cut with {name}'s "
                       f"(the server's own count is in each row's num_prompt_tokens); pass --tokenizer to change it")
     tokenizer = load_tokenizer(name)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
-        run = RunDirectory.create(run_dir)
-        probes = [HostProbe(run)]
-        if target.metrics_url is not None:
-            probes.append(PrometheusProbe(run, target.metrics_url))
-        manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed})
-        session = ProbeSession(run, probes, manifest)
-        session.start()
+        session = start_external_probes(run_dir, target, config)
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
@@ -171,6 +163,30 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         finally:
             session.stop(error=error)
     return _finish(out, console)
+
+
+def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str:
+    """The tokenizer to cut prompts with: the one asked for, else the served model's own when known, else the default."""
+    if tokenizer_name is not None:
+        return tokenizer_name
+    return target.model if is_known_model(target.model) else DEFAULT_TOKENIZER
+
+
+def start_external_probes(run_dir: Path, target: Target, config: LoadConfig) -> ProbeSession:
+    """A new run directory with this host probed, and the target's ``/metrics`` scraped when it serves them."""
+    from probes.host import HostProbe
+    from probes.manifest import RunManifest
+    from probes.prometheus import PrometheusProbe
+    from probes.session import ProbeSession
+
+    run = RunDirectory.create(run_dir)
+    probes: list[Any] = [HostProbe(run)]
+    if target.metrics_url is not None:
+        probes.append(PrometheusProbe(run, target.metrics_url))
+    manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed})
+    session = ProbeSession(run, probes, manifest)
+    session.start()
+    return session
 
 
 def _prepare_out(out: Path, configs: list[LoadConfig], sweep: tuple[str, list[float]] | None) -> list[Path]:
