@@ -62,13 +62,15 @@ CSV_SETTLE_S = CSV_STATS_INTERVAL_SEC + 0.5
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: Any) -> None:
+    # NOTE: options of a group show in `locust --help`, not in the web UI's start form.
     g = parser.add_argument_group(
         "servescope", "LLM load (TTFT, ITL, TPOT and output tokens/s rows, type LLM). Without a plan, a run "
                       "directory of the default workload is written; `servescope report DIR` reports on it.")
     g.add_argument("--ss-run-dir", default=None,
                    help="run directory: the plan is read from it if it holds one, else written to it with the "
                         "client rows and report (default runs/locust-<timestamp>)")
-    g.add_argument("--ss-plan", default=None, help="request plan to send (default RUN_DIR/workload.jsonl)")
+    g.add_argument("--ss-plan", default=None,
+                   help="request plan to send (default RUN_DIR/workload.jsonl)")
     g.add_argument("--ss-model", default="", help="model name to request (default: the first the target's "
                                                   "/v1/models lists)")
     g.add_argument("--ss-tokenizer", default=None, help="without a plan: tokenizer to cut prompts with, a "
@@ -112,7 +114,7 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
     options = environment.parsed_options
     if isinstance(runner, WorkerRunner) or options is None:
         return  # a worker runs what its master dispatches, with the master's options
-    setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns())
+    setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns(options.ss_run_dir))
     if not options.user_classes:
         # NOTE: Locust runs every user class it finds unless some are named; one kind of loop at a time.
         environment.user_classes[:] = [OpenLoopUser if options.ss_rate > 0 else LLMUser]
@@ -136,7 +138,8 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
 class PlainRuns:
     """The plain runs of one Locust process: the web UI may start and stop several tests."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: str | None) -> None:
+        self.run_dir = run_dir  # --ss-run-dir as given: each test's directory is a fresh one from it
         self.current: PlainRun | None = None
 
 
@@ -173,7 +176,7 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     if plain is not None:
         num_workers = runner.worker_count if isinstance(runner, MasterRunner) else 1
         try:
-            plain.current = PlainRun.start(environment, num_workers)
+            plain.current = PlainRun.start(environment, num_workers, plain.run_dir)
         except Exception as exc:  # noqa: BLE001 - a run that cannot start says why and stops
             logger.error("servescope: cannot start the run: %s", exc)
             environment.process_exit_code = 1
@@ -205,6 +208,8 @@ def _finish_plain_run(environment: Environment) -> None:
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
     if plain is not None and plain.current is not None:
         run, plain.current = plain.current, None
+        if getattr(environment.parsed_options, "csv_prefix", None):
+            gevent.sleep(CSV_SETTLE_S)  # Locust's --csv writer (once a second) takes in the last requests
         try:
             run.finish(environment)
         except Exception:  # noqa: BLE001 - Locust must still write its own stats and exit

@@ -61,6 +61,23 @@ def fresh_run_dir(base: Path) -> Path:
     return candidate
 
 
+# The --ss-* options whose default is None, and their types: the web UI's form sends them as text.
+OPTIONAL_OPTIONS: dict[str, type] = {"ss_duration": float, "ss_max_tokens": int, "ss_burst_size": int,
+                                     "ss_tokenizer": str, "ss_plan": str}
+
+
+def normalize_web_ui_options(options: Any) -> None:
+    """Give back their types to the options the web UI's form set as text (an empty field is ``None``)."""
+    for name, kind in OPTIONAL_OPTIONS.items():
+        value = getattr(options, name)
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                setattr(options, name, kind(text) if text else None)
+            except ValueError:
+                raise ValueError(f"--{name.replace('_', '-')} must be a {kind.__name__}, got {value!r}") from None
+
+
 def plain_config(options: Any, num_users: int, num_workers: int) -> LoadConfig:
     """The load config of a plain run: Locust's users (or ``--ss-rate``) and the ``--ss-*`` workload flags."""
     rate = options.ss_rate if options.ss_rate > 0 else None
@@ -91,14 +108,18 @@ class PlainRun:
     is_finished: bool = False
 
     @classmethod
-    def start(cls, environment: Environment, num_workers: int) -> PlainRun:
-        """Build the plan, start the probes and write the run directory's first files; set the workers' options."""
+    def start(cls, environment: Environment, num_workers: int, base_run_dir: str | None) -> PlainRun:
+        """Build the plan, start the probes and write the run directory's first files; set the workers' options.
+
+        ``base_run_dir`` is ``--ss-run-dir`` as given (``None``: ``runs/locust-<timestamp>``).
+        """
         from loadtests.orchestrator import discover_target, start_external_probes, tokenizer_name_for
         from loadtests.tokenizer import load_tokenizer
 
         options = environment.parsed_options
         runner = environment.runner
         assert options is not None and runner is not None
+        normalize_web_ui_options(options)
         if not environment.host:
             raise ValueError("no target: give --host http://HOST:PORT (or fill in Host in the web UI)")
         named = set(options.user_classes or [])
@@ -107,7 +128,7 @@ class PlainRun:
         target = discover_target(environment.host, options.ss_model or None, os.environ.get(API_KEY_ENV) or None)
         config = plain_config(options, int(runner.target_user_count or options.num_users or 1), num_workers)
         tokenizer = tokenizer_name_for(target, options.ss_tokenizer)
-        run_dir = fresh_run_dir(Path(options.ss_run_dir) if options.ss_run_dir else default_run_dir())
+        run_dir = fresh_run_dir(Path(base_run_dir) if base_run_dir else default_run_dir())
         plan = build_plan(config, load_tokenizer(tokenizer), target.max_model_len)
         session = start_external_probes(run_dir, target, config)
         write_plan(run_dir / PLAN_NAME, plan)
