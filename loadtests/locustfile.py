@@ -38,6 +38,7 @@ import gevent.pool
 from locust import HttpUser, constant, events, task
 from locust.env import Environment
 from locust.exception import StopUser
+from locust.rpc import Message
 from locust.runners import STATE_RUNNING, STATE_SPAWNING, WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 from urllib3 import PoolManager
@@ -58,14 +59,19 @@ WORKER_DONE_MESSAGE = "servescope_worker_done"
 # Seconds to let a last stats report (worker -> master) or CSV write (master, local) happen.
 REPORT_SETTLE_S = WORKER_REPORT_INTERVAL + 0.5
 CSV_SETTLE_S = CSV_STATS_INTERVAL_SEC + 0.5
+# Seconds a master gives its workers to stop their users (past the stop timeout), as Locust's own stop does.
+WORKER_STOP_ALLOWANCE_S = 60.0
 
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: Any) -> None:
-    # NOTE: options of a group show in `locust --help`, not in the web UI's start form.
+    # NOTE: options of a group stay out of the web UI's start form. Locust prints --help before it
+    # loads a locustfile (locustio/locust#2917), so --ss-help prints the same help once it has.
     g = parser.add_argument_group(
         "servescope", "LLM load (TTFT, ITL, TPOT and output tokens/s rows, type LLM). Without a plan, a run "
                       "directory of the default workload is written; `servescope report DIR` reports on it.")
+    g.add_argument("--ss-help", action="help",
+                   help="show this help, these --ss-* options included, and exit (Locust's --help omits them)")
     g.add_argument("--ss-run-dir", default=None,
                    help="run directory: the plan is read from it if it holds one, else written to it with the "
                         "client rows and report (default runs/locust-<timestamp>)")
@@ -128,11 +134,6 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
 
         runner.register_message(WORKER_DONE_MESSAGE, on_worker_done)
 
-    def on_quit(**_kwargs: Any) -> None:
-        # A master quitting (-t, Ctrl-C) stops before its workers do: the run is written once they have.
-        _finish_plain_run(environment)
-
-    environment.events.quit.add_listener(on_quit)
 
 
 class PlainRuns:
@@ -197,19 +198,37 @@ def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
     context = getattr(environment, CONTEXT_ATTRIBUTE, None)
     if context is not None:
         context.close()
+    plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
+    if plain is None or plain.current is None:
+        return
     runner = environment.runner
-    # NOTE: a master stopping from the web UI has waited for its workers (no users left); one
-    # quitting has not, and writes the run at Locust's quit instead (see _on_init).
-    if not isinstance(runner, MasterRunner) or runner.user_count == 0:
-        _finish_plain_run(environment)
+    if isinstance(runner, MasterRunner):
+        _stop_workers(runner, environment.stop_timeout or 0.0)
+        gevent.sleep(REPORT_SETTLE_S)  # the workers' last stats reports
+    elif getattr(environment.parsed_options, "csv_prefix", None):
+        gevent.sleep(CSV_SETTLE_S)  # Locust's --csv writer (once a second) takes in the last requests
+    _finish_plain_run(environment)
+
+
+def _stop_workers(runner: MasterRunner, stop_timeout_s: float) -> None:
+    """Have the workers stop their users (and close their journals) before a plain run is written.
+
+    NOTE: a master stopping from the web UI has done so already; one quitting (-t, Ctrl-C) stops
+    before its workers, which Locust then tells to quit, too late for the run directory.
+    """
+    if runner.user_count == 0:
+        return
+    for client in runner.clients.all:
+        runner.server.send_to_client(Message("stop", None, client.id))
+    with gevent.Timeout(stop_timeout_s + WORKER_STOP_ALLOWANCE_S, False):
+        while runner.user_count != 0:
+            gevent.sleep(0.2)
 
 
 def _finish_plain_run(environment: Environment) -> None:
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
     if plain is not None and plain.current is not None:
         run, plain.current = plain.current, None
-        if getattr(environment.parsed_options, "csv_prefix", None):
-            gevent.sleep(CSV_SETTLE_S)  # Locust's --csv writer (once a second) takes in the last requests
         try:
             run.finish(environment)
         except Exception:  # noqa: BLE001 - Locust must still write its own stats and exit

@@ -6,6 +6,7 @@ Both run real Locust as a child process against a real ``servescope serve --mode
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -139,3 +140,17 @@ def test_web_ui_lists_the_llm_rows_and_user_changes_reach_the_report(tmp_path: P
     assert 1 in steps and 3 in steps and steps.index(1) < steps.index(3)  # the UI's change, in order
     assert json.loads((run_dir / "diagnosis.json").read_text())["bottleneck"] in VERDICTS
     assert "Locust users" in (run_dir / "report.html").read_text()
+
+
+def test_ss_help_lists_the_servescope_options_with_their_descriptions() -> None:
+    done = subprocess.run(locust_argv("--ss-help"), env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The group: its title, its description, then one entry per option (flag, metavar, description).
+    options_text = done.stdout[done.stdout.index("\nservescope:"):].split("\n\n")[1]
+    entries = {block.split()[0]: block for block in re.split(r"\n(?=  --ss-)", options_text)}
+    for flag in ("--ss-run-dir", "--ss-model", "--ss-tokenizer", "--ss-workload", "--ss-max-tokens", "--ss-rate",
+                 "--ss-duration", "--ss-warmup", "--ss-api"):
+        assert flag in entries, sorted(entries)
+    for flag, block in entries.items():
+        description = re.sub(r"\{[^}]*\}", "", block.replace(flag, ""))  # less the flag and its choices
+        assert re.search(r"[a-z]{3,}", description), f"{flag} has no description"
