@@ -43,6 +43,7 @@ from locust.runners import STATE_RUNNING, STATE_SPAWNING, WORKER_REPORT_INTERVAL
 from locust.stats import CSV_STATS_INTERVAL_SEC
 from urllib3 import PoolManager
 
+from loadtests import web_ui
 from loadtests.arrival import worker_rng
 from loadtests.load_context import API_PATHS, LoadContext, send_request
 from loadtests.plain_run import PlainRun
@@ -121,6 +122,7 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
     if isinstance(runner, WorkerRunner) or options is None:
         return  # a worker runs what its master dispatches, with the master's options
     setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns(options.ss_run_dir))
+    web_ui.install(environment)
     if not options.user_classes:
         # NOTE: Locust runs every user class it finds unless some are named; one kind of loop at a time.
         environment.user_classes[:] = [OpenLoopUser if options.ss_rate > 0 else LLMUser]

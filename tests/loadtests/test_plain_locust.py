@@ -24,6 +24,7 @@ from loadtests.client_table import load_client_requests
 from loadtests.load_context import ITL_ROW, LLM_REQUEST_TYPE, OUTPUT_TOKENS_ROW, TPOT_ROW, TTFT_ROW
 from loadtests.locust_runner import LOCUSTFILE
 from loadtests.server_process import ServerProcess
+from loadtests.web_ui import TAB_KEY
 from tests.loadtests.conftest import cli_env, run_cli
 
 VERDICTS = {"batching", "cache", "execution", "none"}
@@ -129,6 +130,13 @@ def test_web_ui_lists_the_llm_rows_and_user_changes_reach_the_report(tmp_path: P
                          "the user count never reached 3", log)
         rows = llm_rows(stats)
         assert set(rows) >= LLM_ROWS and all(rows[name] > 0 for name in LLM_ROWS), rows
+        # The LLM tab: its rows ride on the same answer, counted from the same Locust entries.
+        tab = {row["metric"]: row for extended in stats["extended_stats"] if extended["key"] == TAB_KEY
+               for row in extended["data"]}
+        assert tab["TTFT (ms)"]["samples"] == rows[TTFT_ROW] and tab["TPOT (ms)"]["samples"] == rows[TPOT_ROW]
+        assert tab["output tokens/s"]["samples"] == rows[OUTPUT_TOKENS_ROW] and tab["output tokens/s"]["now"] > 0
+        with urllib.request.urlopen(base + "/", timeout=10.0) as page:  # noqa: S310
+            assert TAB_KEY in page.read().decode()
         run_dir = wait_for(lambda: next((tmp_path / "runs").glob("locust-*/diagnosis.json"), None), RUN_TIMEOUT_S,
                            "the stopped run wrote no diagnosis", log).parent
         assert web(base, "/stats/requests")["state"] == "stopped"
