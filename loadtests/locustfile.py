@@ -282,13 +282,19 @@ class OpenLoopUser(HttpUser):
         context = load_context(self.environment)
         context.user_started()
         if context.arrivals is None:
-            raise StopUser()  # a closed-loop run uses LLMUser
+            return  # a closed-loop run uses LLMUser: this one stops at its first task
+        if context.num_active_users > 1:
+            # NOTE: each worker's one OpenLoopUser sends that worker's whole share of the rate.
+            logger.warning("servescope: one OpenLoopUser per worker process sends at --ss-rate; the others stop")
+            return
         self._gaps = context.arrivals.gaps(worker_rng(context.seed, context.worker_index))
         self._next_arrival = context.clock.now()
 
     @task
     def arrive(self) -> None:
         context = load_context(self.environment)
+        if self._gaps is None:
+            raise StopUser()  # not this worker's sender (see on_start)
         assert context.arrivals is not None and self._next_arrival is not None
         self._next_arrival += next(self._gaps)
         # NOTE: no arrival after the deadline, but the run still lasts until it: the user waits there.

@@ -51,6 +51,7 @@ def test_headless_plain_locust_writes_a_run_that_servescope_reports(tmp_path: Pa
                                       "--csv", str(csv_prefix)),
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert '"LLMUser": 3' in done.stderr and "OpenLoopUser" not in done.stderr  # Locust's spawn log
     stats = pd.read_csv(f"{csv_prefix}_stats.csv")
     counts = {(row["Type"], row["Name"]): (row["Request Count"], row["Failure Count"])
               for row in stats.to_dict("records")}
@@ -76,6 +77,21 @@ def test_headless_plain_locust_writes_a_run_that_servescope_reports(tmp_path: Pa
     diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
     assert diagnosis["bottleneck"] in VERDICTS, diagnosis.get("no_verdict")
     assert (run_dir / "report.html").is_file()
+
+
+def test_ss_rate_alone_makes_a_plain_run_open_loop(tmp_path: Path, dummy_server: ServerProcess) -> None:
+    rate = 4.0
+    done = subprocess.run(locust_argv("--headless", "-u", "1", "-r", "1", "-t", "8s", "--host", dummy_server.url,
+                                      "--ss-rate", f"{rate:g}"),
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"OpenLoopUser": 1' in done.stderr and "LLMUser" not in done.stderr
+    run_dir = only_run_dir(tmp_path)
+    config = json.loads((run_dir / "load.json").read_text())["config"]
+    assert config["mode"] == "open" and config["rate"] == rate
+    rows = load_client_requests(run_dir)
+    assert len(rows) > 0 and rows["scheduled_time"].notna().all()  # sent on the arrival schedule
+    assert json.loads((run_dir / "summary.json").read_text())["open_loop"]["offered_rate_per_s"] == rate
 
 
 def free_port() -> int:
