@@ -46,7 +46,7 @@ from urllib3 import PoolManager
 from loadtests import web_ui
 from loadtests.arrival import worker_rng
 from loadtests.load_context import API_PATHS, LoadContext, send_request
-from loadtests.plain_run import PlainRun
+from loadtests.plain_run import PlainRuns
 from loadtests.plan import PLAN_NAME
 from loadtests.workloads import WORKLOADS
 
@@ -121,7 +121,7 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
     options = environment.parsed_options
     if isinstance(runner, WorkerRunner) or options is None:
         return  # a worker runs what its master dispatches, with the master's options
-    setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns(options.ss_run_dir))
+    setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns(options))
     web_ui.install(environment)
     if not options.user_classes:
         # NOTE: Locust runs every user class it finds unless some are named; one kind of loop at a time.
@@ -136,14 +136,6 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
 
         runner.register_message(WORKER_DONE_MESSAGE, on_worker_done)
 
-
-
-class PlainRuns:
-    """The plain runs of one Locust process: the web UI may start and stop several tests."""
-
-    def __init__(self, run_dir: str | None) -> None:
-        self.run_dir = run_dir  # --ss-run-dir as given: each test's directory is a fresh one from it
-        self.current: PlainRun | None = None
 
 
 def _quit_after(environment: Environment, delay_s: float) -> None:
@@ -179,7 +171,7 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     if plain is not None:
         num_workers = runner.worker_count if isinstance(runner, MasterRunner) else 1
         try:
-            plain.current = PlainRun.start(environment, num_workers, plain.run_dir)
+            plain.start(environment, num_workers)
         except Exception as exc:  # noqa: BLE001 - a run that cannot start says why and stops
             logger.error("servescope: cannot start the run: %s", exc)
             environment.process_exit_code = 1
@@ -229,12 +221,11 @@ def _stop_workers(runner: MasterRunner, stop_timeout_s: float) -> None:
 
 def _finish_plain_run(environment: Environment) -> None:
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
-    if plain is not None and plain.current is not None:
-        run, plain.current = plain.current, None
+    if plain is not None:
         try:
-            run.finish(environment)
+            plain.finish(environment)
         except Exception:  # noqa: BLE001 - Locust must still write its own stats and exit
-            logger.exception("servescope: writing the run directory %s failed", run.run_dir)
+            logger.exception("servescope: writing the plain run's directory failed")
 
 
 def load_context(environment: Environment) -> LoadContext:

@@ -172,15 +172,16 @@ def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str
     return target.model if is_known_model(target.model) else DEFAULT_TOKENIZER
 
 
-def start_external_probes(run_dir: Path, target: Target, config: LoadConfig) -> ProbeSession:
-    """A new run directory with this host probed, and the target's ``/metrics`` scraped when it serves them."""
+def start_external_probes(run_dir: Path, target: Target, config: LoadConfig, pid: int | None = None) -> ProbeSession:
+    """A new run directory with this host (and process ``pid``, default this one) probed, and the
+    target's ``/metrics`` scraped when it serves them."""
     from probes.host import HostProbe
     from probes.manifest import RunManifest
     from probes.prometheus import PrometheusProbe
     from probes.session import ProbeSession
 
     run = RunDirectory.create(run_dir)
-    probes: list[Any] = [HostProbe(run)]
+    probes: list[Any] = [HostProbe(run, pid=pid)]
     if target.metrics_url is not None:
         probes.append(PrometheusProbe(run, target.metrics_url))
     manifest = RunManifest.collect(model=target.model, workload=config.to_dict(), seeds={"workload": config.seed})

@@ -3,7 +3,8 @@
 The master (or the local runner) does here what ``servescope load`` does before and after its
 Locust run: at ``test_start`` it asks the target for its model (``/v1/models``), builds the plan
 of the default workload with the tokenizer ``servescope load`` would pick, starts the host and
-``/metrics`` probes, and writes ``load.json`` and ``workload.jsonl`` into a new run directory;
+``/metrics`` probes (in their own process, :mod:`loadtests.probe_process`), and writes
+``load.json`` and ``workload.jsonl`` into a new run directory;
 the workers then read that plan as in an orchestrated run (:mod:`loadtests.locustfile` hands them
 its path through Locust's options). While the test runs, the user count is sampled, so changes
 made from the web UI show as steps (``load.json``'s ``users_timeline``). When the test stops, the
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from locust.env import Environment
 
     from loadtests.orchestrator import Target
-    from probes.session import ProbeSession
+    from loadtests.probe_process import ProbeProcess
 
 logger = logging.getLogger(__name__)
 
@@ -101,19 +102,20 @@ class PlainRun:
     config: LoadConfig
     target: Target
     tokenizer: str
-    session: ProbeSession
+    probes: ProbeProcess
     started_at: float
     users_timeline: list[dict[str, float]] = field(default_factory=list)
     sampler: gevent.Greenlet | None = None
     is_finished: bool = False
 
     @classmethod
-    def start(cls, environment: Environment, num_workers: int, base_run_dir: str | None) -> PlainRun:
+    def start(cls, environment: Environment, num_workers: int, base_run_dir: str | None,
+              probes: ProbeProcess) -> PlainRun:
         """Build the plan, start the probes and write the run directory's first files; set the workers' options.
 
         ``base_run_dir`` is ``--ss-run-dir`` as given (``None``: ``runs/locust-<timestamp>``).
         """
-        from loadtests.orchestrator import discover_target, start_external_probes, tokenizer_name_for
+        from loadtests.orchestrator import discover_target, tokenizer_name_for
         from loadtests.tokenizer import load_tokenizer
 
         options = environment.parsed_options
@@ -130,9 +132,9 @@ class PlainRun:
         tokenizer = tokenizer_name_for(target, options.ss_tokenizer)
         run_dir = fresh_run_dir(Path(base_run_dir) if base_run_dir else default_run_dir())
         plan = build_plan(config, load_tokenizer(tokenizer), target.max_model_len)
-        session = start_external_probes(run_dir, target, config)
+        probes.start(run_dir, target, config)
         write_plan(run_dir / PLAN_NAME, plan)
-        run = cls(run_dir, config, target, tokenizer, session, time.time())
+        run = cls(run_dir, config, target, tokenizer, probes, time.time())
         run.write_load_info({"plan": {"file": PLAN_NAME, "num_requests": len(plan)}})
         # NOTE: what the orchestrator passes on its command line; the master sends these to its workers.
         options.ss_run_dir, options.ss_plan = str(run_dir), str(run_dir / PLAN_NAME)
@@ -182,7 +184,8 @@ class PlainRun:
         if self.sampler is not None:
             self.sampler.kill(block=False)
         self.record_users(environment)
-        self.session.stop()
+        if self.probes.stop() != 0:
+            logger.warning("servescope: the probe process failed; its tables in %s may be missing", self.run_dir)
         merge_journals(self.run_dir)
         write_locust_stats(environment, self.run_dir)
         finished_at = time.time()
@@ -199,6 +202,47 @@ class PlainRun:
             logger.error("servescope: %s", exc)
             return
         logger.info("servescope: wrote %s; `servescope report %s` rewrites its report", self.run_dir, self.run_dir)
+
+
+class PlainRuns:
+    """The plain runs of one Locust process (the web UI may start and stop several tests).
+
+    NOTE: built at Locust's init, before ``-t`` starts counting: the heavy imports happen here, and
+    the next run's probe process is spawned ahead, so a test's start costs little of its time.
+    """
+
+    def __init__(self, options: Any) -> None:
+        from loadtests import orchestrator, tokenizer  # noqa: F401 - imported now, used at test_start
+        from loadtests.probe_process import ProbeProcess
+
+        self.run_dir: str | None = options.ss_run_dir  # as given: each test's directory is a fresh one from it
+        self.is_headless = bool(options.headless)
+        self.current: PlainRun | None = None
+        self.next_probes: ProbeProcess | None = ProbeProcess.spawn()
+        self.next_probes.wait_imported()
+
+    def start(self, environment: Environment, num_workers: int) -> None:
+        from loadtests.probe_process import ProbeProcess
+
+        probes, self.next_probes = self.next_probes or ProbeProcess.spawn(), None
+        try:
+            self.current = PlainRun.start(environment, num_workers, self.run_dir, probes)
+        except BaseException:
+            probes.stop()
+            raise
+
+    def finish(self, environment: Environment) -> None:
+        """Write the current run, if one is running; with the web UI, spawn the next run's probes."""
+        from loadtests.probe_process import ProbeProcess
+
+        run, self.current = self.current, None
+        if run is None:
+            return
+        try:
+            run.finish(environment)
+        finally:
+            if not self.is_headless and self.next_probes is None:
+                self.next_probes = ProbeProcess.spawn()
 
 
 def write_locust_stats(environment: Environment, run_dir: Path) -> Path:

@@ -55,7 +55,12 @@ def install(environment: Any) -> None:
     def add_llm_rows(response: Any) -> Any:
         from flask import request
 
-        if request.path.rstrip("/").endswith("/stats/requests") and response.is_json:
-            extended = [{"key": TAB_KEY, "data": llm_table(environment.runner.stats)}]
-            response.set_data(json.dumps({**response.get_json(), "extended_stats": extended}))
+        if not (request.path.rstrip("/").endswith("/stats/requests") and response.is_json):
+            return response
+        body = response.get_json()
+        # NOTE: Locust caches this answer for a few seconds and hands back the same object: the tab's
+        # rows, added once, stay those of the stats beside them.
+        if "extended_stats" not in body:
+            body["extended_stats"] = [{"key": TAB_KEY, "data": llm_table(environment.runner.stats)}]
+            response.set_data(json.dumps(body))
         return response
