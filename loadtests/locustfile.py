@@ -137,7 +137,6 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
         runner.register_message(WORKER_DONE_MESSAGE, on_worker_done)
 
 
-
 def _quit_after(environment: Environment, delay_s: float) -> None:
     gevent.sleep(delay_s)
     if environment.runner is not None:

@@ -62,13 +62,13 @@ def fresh_run_dir(base: Path) -> Path:
     return candidate
 
 
-# The --ss-* options whose default is None, and their types: the web UI's form sends them as text.
+# The --ss-* options whose default is None, and their types: a POST to /swarm may set any option, as text.
 OPTIONAL_OPTIONS: dict[str, type] = {"ss_duration": float, "ss_max_tokens": int, "ss_burst_size": int,
                                      "ss_tokenizer": str, "ss_plan": str}
 
 
 def normalize_web_ui_options(options: Any) -> None:
-    """Give back their types to the options the web UI's form set as text (an empty field is ``None``)."""
+    """Give back their types to the options a /swarm request set as text (an empty value is ``None``)."""
     for name, kind in OPTIONAL_OPTIONS.items():
         value = getattr(options, name)
         if isinstance(value, str):
@@ -76,7 +76,8 @@ def normalize_web_ui_options(options: Any) -> None:
             try:
                 setattr(options, name, kind(text) if text else None)
             except ValueError:
-                raise ValueError(f"--{name.replace('_', '-')} must be a {kind.__name__}, got {value!r}") from None
+                what = "a whole number" if kind is int else "a number"
+                raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {value!r}") from None
 
 
 def plain_config(options: Any, num_users: int, num_workers: int) -> LoadConfig:
