@@ -79,6 +79,23 @@ def test_headless_plain_locust_writes_a_run_that_servescope_reports(tmp_path: Pa
     assert (run_dir / "report.html").is_file()
 
 
+@pytest.mark.slow
+def test_plain_master_worker_run_counts_every_workers_requests(tmp_path: Path, dummy_server: ServerProcess) -> None:
+    csv_prefix = tmp_path / "stats"
+    done = subprocess.run(locust_argv("--headless", "-u", "4", "-r", "4", "-t", "10s", "--processes", "2",
+                                      "--host", dummy_server.url, "--csv", str(csv_prefix)),
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    rows = load_client_requests(run_dir)
+    assert set(rows["worker"]) == {"w0", "w1"} and rows["is_ok"].all()  # both workers sent, from one plan
+    # NOTE: the master quits at -t before its workers stop; the run waits for them, so all counts agree.
+    accounting = json.loads((run_dir / "summary.json").read_text())["accounting"]
+    assert accounting["is_consistent"] and accounting["client_rows"] == len(rows), accounting
+    stats = pd.read_csv(f"{csv_prefix}_stats.csv")
+    assert int(stats.loc[stats["Type"] == "POST", "Request Count"].sum()) == len(rows)
+
+
 def test_ss_rate_alone_makes_a_plain_run_open_loop(tmp_path: Path, dummy_server: ServerProcess) -> None:
     rate = 4.0
     done = subprocess.run(locust_argv("--headless", "-u", "1", "-r", "1", "-t", "8s", "--host", dummy_server.url,
