@@ -194,6 +194,7 @@ def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
     if plain is None or plain.current is None:
         return
+    plain.current.note_stopped()
     runner = environment.runner
     if isinstance(runner, MasterRunner):
         _stop_workers(runner, environment.stop_timeout or 0.0)

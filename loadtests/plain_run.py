@@ -107,6 +107,7 @@ class PlainRun:
     started_at: float
     users_timeline: list[dict[str, float]] = field(default_factory=list)
     sampler: gevent.Greenlet | None = None
+    stopped_at: float | None = None  # when Locust stopped the users (the run is written after)
     is_finished: bool = False
 
     @classmethod
@@ -171,6 +172,11 @@ class PlainRun:
                      "locust": {"started_by": "locust (plain)"}, "users_timeline": self.users_timeline, **extra})
         RunDirectory(self.run_dir).write_json(LOAD_NAME, info)
 
+    def note_stopped(self) -> None:
+        """The load ended now (Locust stopped the users); what comes after is writing the run."""
+        if self.stopped_at is None:
+            self.stopped_at = time.time()
+
     def finish(self, environment: Environment) -> None:
         """Stop the probes; merge the client rows; write Locust's stats, ``load.json``, the summary and report."""
         from rich.console import Console
@@ -189,14 +195,15 @@ class PlainRun:
             logger.warning("servescope: the probe process failed; its tables in %s may be missing", self.run_dir)
         merge_journals(self.run_dir)
         write_locust_stats(environment, self.run_dir)
-        finished_at = time.time()
+        self.note_stopped()
+        assert self.stopped_at is not None
         # NOTE: the config records the load as it ran: its length, and the most users it reached.
         peak_users = max((int(step["users"]) for step in self.users_timeline), default=0)
         if self.config.users is not None and peak_users > 0:
             self.config = dataclasses.replace(self.config, users=max(peak_users, self.config.processes))
         self.config = dataclasses.replace(
-            self.config, duration_s=max(finished_at - self.started_at - self.config.warmup_s, 1e-3))
-        self.write_load_info({"finished_at": finished_at})
+            self.config, duration_s=max(self.stopped_at - self.started_at - self.config.warmup_s, 1e-3))
+        self.write_load_info({"stopped_at": self.stopped_at, "finished_at": time.time()})
         try:
             _finish(self.run_dir, Console(stderr=True))
         except (RunFailedError, ValueError, FileNotFoundError) as exc:
