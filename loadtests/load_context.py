@@ -6,6 +6,7 @@ plan, this worker's share of it, the journal and the clock. Stdlib and Locust on
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Locust row names: the HTTP row is the endpoint path; these are the per-token rows beside it.
 LLM_REQUEST_TYPE = "LLM"
 TTFT_ROW, ITL_ROW, TPOT_ROW = "TTFT", "ITL", "TPOT"
+# One entry per output token, so the row's requests/s column reads output tokens/s (its times are 0).
+OUTPUT_TOKENS_ROW = "output tokens/s"
 # Requests sent during the warm-up are reported under their own names, so Locust's rows for the
 # endpoint and for TTFT/ITL/TPOT hold measured requests only.
 WARMUP_SUFFIX = " [warm-up]"
@@ -73,11 +76,13 @@ class LoadContext:
     @classmethod
     def from_options(cls, options: Any, worker_index: int) -> LoadContext:
         run_dir = Path(options.ss_run_dir)
-        arrivals = (OpenLoopArrivals(options.ss_rate, options.ss_burstiness, options.ss_burst_size)
+        arrivals = (OpenLoopArrivals(options.ss_rate, options.ss_burstiness, options.ss_burst_size or 1)
                     .for_worker(options.ss_num_workers) if options.ss_rate > 0 else None)
+        # NOTE: no --ss-duration (a plain Locust run): users send until Locust stops them.
+        duration_s = options.ss_duration if options.ss_duration is not None else math.inf
         return cls(run_dir=run_dir, plan=read_plan(options.ss_plan or run_dir / PLAN_NAME), model=options.ss_model,
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
-                   warmup_s=options.ss_warmup, duration_s=options.ss_duration, ignore_eos=bool(options.ss_ignore_eos),
+                   warmup_s=options.ss_warmup, duration_s=duration_s, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
                    stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace))
 
@@ -97,6 +102,11 @@ class LoadContext:
     def num_trace_items(self) -> int:
         """How many plan items this worker sends in a trace replay (each once)."""
         return len(range(self.worker_index, len(self.plan), self.num_workers))
+
+    @property
+    def ends_itself(self) -> bool:
+        """Whether users stop at a deadline (an orchestrated run), not only when Locust stops them."""
+        return math.isfinite(self.deadline)
 
     def is_warmup(self, t: float) -> bool:
         return t < self.start_time + self.warmup_s
@@ -179,6 +189,7 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
                           planned_prompt_tokens=item.num_prompt_tokens, max_tokens=item.max_tokens)
     suffix = WARMUP_SUFFIX if record.is_warmup else ""
     text: str | None = None
+    is_cut_short = False
     try:
         with client.post(ctx.path, json=ctx.body(item, messages), headers=ctx.headers(), stream=True,
                          catch_response=True, name=ctx.path + suffix, timeout=(10.0, ctx.read_timeout_s)) as response:
@@ -194,13 +205,17 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
             else:
                 response.failure(record.error or f"HTTP {record.status_code}")
     except BaseException as exc:
-        # NOTE: GreenletExit when the run's stop timeout kills the user mid-request: still journaled.
+        # NOTE: GreenletExit when the run's stop timeout kills the user mid-request: journaled as a
+        # failure when the run ends itself; a plain run's users end only when Locust stops them, and
+        # the request Locust cut short is left out, as Locust leaves it out of its own stats.
+        is_cut_short = not isinstance(exc, Exception) and not ctx.ends_itself
         if record.error is None:
             record.error = f"cancelled: {type(exc).__name__}" if not isinstance(exc, Exception) else str(exc)
         raise
     finally:
         assert ctx.journal is not None
-        ctx.journal.write(record)
+        if not is_cut_short:
+            ctx.journal.write(record)
     if record.is_ok:
         report_token_rows(fire, record, suffix)
         ctx.backoff_s(True)
@@ -246,7 +261,8 @@ def _sessions(plan: list[PlannedRequest]) -> list[list[int]]:
 
 
 def report_token_rows(fire: RequestEvent, record: ClientRecord, suffix: str = "") -> None:
-    """TTFT (one per request), ITL (one per gap between content chunks) and TPOT as Locust rows, in ms."""
+    """TTFT (one per request), ITL (one per gap between content chunks) and TPOT as Locust rows, in ms;
+    and one ``output tokens/s`` entry per output token (see :data:`OUTPUT_TOKENS_ROW`)."""
 
     def row(name: str, seconds: float, length: int) -> None:
         fire(request_type=LLM_REQUEST_TYPE, name=name + suffix, response_time=seconds * 1000.0,
@@ -260,3 +276,5 @@ def report_token_rows(fire: RequestEvent, record: ClientRecord, suffix: str = ""
     tpot = record.tpot_s
     if tpot is not None:
         row(TPOT_ROW, tpot, record.num_output_tokens or 0)
+    for _ in range(record.num_output_tokens or 0):
+        row(OUTPUT_TOKENS_ROW, 0.0, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -38,6 +39,9 @@ from probes.run_dir import (
     SweepIndex,
     SweepPoint,
 )
+
+if TYPE_CHECKING:
+    from probes.session import ProbeSession
 
 SERVER_STARTUP_TIMEOUT_S = 600.0
 
@@ -111,33 +115,19 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
              served_model: str | None = None, api_key: str | None = None) -> Summary:
     """Each point against an external server; its /metrics (when served) and this host are probed."""
-    from probes.host import HostProbe
-    from probes.manifest import RunManifest
-    from probes.model_shape import resolve_model_shape
-    from probes.prometheus import PrometheusProbe
-    from probes.session import ProbeSession
-
     target = discover_target(url, served_model, api_key)
     probe = probe_request(target, configs[0].api, configs[0].ignore_eos, api_key)
     if probe.dropped_fields:
         console.print(f"[yellow]note:[/] {target.url} refuses {', '.join(probe.dropped_fields)}; the load goes on "
                       f"without it (recorded in load.json and run.json)")
         configs = [dataclasses.replace(c, ignore_eos=False) for c in configs]
-    name = tokenizer_name or (target.model if is_known_model(target.model) else DEFAULT_TOKENIZER)
+    name = tokenizer_name_for(target, tokenizer_name)
     if tokenizer_name is None and name != target.model:
         console.print(f"[yellow]note:[/] no tokenizer for {target.model!r} here; prompts are cut with {name}'s "
                       f"(the server's own count is in each row's num_prompt_tokens); pass --tokenizer to change it")
     tokenizer = load_tokenizer(name)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
-        run = RunDirectory.create(run_dir)
-        probes = [HostProbe(run)]
-        if target.metrics_url is not None:
-            probes.append(PrometheusProbe(run, target.metrics_url))
-        workload = {**config.to_dict(), "dropped_fields": list(probe.dropped_fields)}
-        manifest = RunManifest.collect(model=target.model, workload=workload, seeds={"workload": config.seed},
-                                       model_shape=resolve_model_shape(target.model))
-        session = ProbeSession(run, probes, manifest)
-        session.start()
+        session = start_external_probes(run_dir, target, config, dropped_fields=probe.dropped_fields)
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
@@ -149,6 +139,35 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         finally:
             session.stop(error=error)
     return _finish(out, console)
+
+
+def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str:
+    """The tokenizer to cut prompts with: the one asked for, else the served model's own when known, else the default."""
+    if tokenizer_name is not None:
+        return tokenizer_name
+    return target.model if is_known_model(target.model) else DEFAULT_TOKENIZER
+
+
+def start_external_probes(run_dir: Path, target: Target, config: LoadConfig, pid: int | None = None,
+                          dropped_fields: tuple[str, ...] = ()) -> ProbeSession:
+    """A new run directory with this host (and process ``pid``, default this one) probed, and the
+    target's ``/metrics`` scraped when it serves them; ``dropped_fields`` go into run.json's workload."""
+    from probes.host import HostProbe
+    from probes.manifest import RunManifest
+    from probes.model_shape import resolve_model_shape
+    from probes.prometheus import PrometheusProbe
+    from probes.session import ProbeSession
+
+    run = RunDirectory.create(run_dir)
+    probes: list[Any] = [HostProbe(run, pid=pid)]
+    if target.metrics_url is not None:
+        probes.append(PrometheusProbe(run, target.metrics_url))
+    workload = {**config.to_dict(), "dropped_fields": list(dropped_fields)}
+    manifest = RunManifest.collect(model=target.model, workload=workload, seeds={"workload": config.seed},
+                                   model_shape=resolve_model_shape(target.model))
+    session = ProbeSession(run, probes, manifest)
+    session.start()
+    return session
 
 
 def _prepare_out(out: Path, configs: list[LoadConfig], sweep: tuple[str, list[float]] | None) -> list[Path]:

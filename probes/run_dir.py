@@ -96,6 +96,9 @@ class LoadInfo:
     locust_returncode: int | None = None
     locust_wall_s: float | None = None
     dropped_fields: list[str] | None = None  # request fields the target refused, left out of the load
+    started_by: str | None = None  # "locust (plain)" for a run started with `locust -f`, else servescope
+    users_timeline: list[dict[str, float]] | None = None  # {"time", "users"} at each user-count change
+    stopped_at: float | None = None  # when the load ended (before the run was written)
 
     @property
     def point(self) -> str | None:

@@ -52,9 +52,13 @@ def _binned(times: np.ndarray, values: pd.DataFrame, span: float) -> pd.DataFram
 
 
 def timeline_figure(data: RunDataset) -> go.Figure | None:
-    """Batch size, waiting queue, KV usage and utilization over the run (seconds from the measured start)."""
+    """Users (when they changed), batch size, waiting queue, KV usage and utilization over the run
+    (seconds from the measured start)."""
     t0 = _t0(data)
     rows: list[tuple[str, list[go.Scatter]]] = []
+    users = _users_trace(data, t0)
+    if users is not None:
+        rows.append(("users", [users]))
     steps = data.frame("steps").sort_values("start_time")
     if len(steps):
         times = steps["start_time"].to_numpy() - t0
@@ -91,6 +95,15 @@ def timeline_figure(data: RunDataset) -> go.Figure | None:
     fig.update_xaxes(title_text="seconds from the measured start", row=len(rows), col=1)
     fig.update_layout(height=170 * len(rows) + 80, **_LAYOUT)
     return fig
+
+
+def _users_trace(data: RunDataset, t0: float) -> go.Scatter | None:
+    """Locust's user count over the run, when it changed during it (a plain Locust run's web UI steps)."""
+    steps = (data.load_info.users_timeline if data.load_info is not None else None) or []
+    if len({step["users"] for step in steps}) < 2:
+        return None
+    times = [float(step["time"]) - t0 for step in steps]
+    return go.Scatter(x=times, y=[step["users"] for step in steps], name="Locust users", line_shape="hv")
 
 
 def _engine_busy_trace(steps: pd.DataFrame, t0: float) -> go.Scatter:
