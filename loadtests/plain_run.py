@@ -36,8 +36,8 @@ from probes.run_dir import LOAD_NAME, PLAN_NAME, LoadInfo, RunDirectory
 if TYPE_CHECKING:
     from locust.env import Environment
 
-    from loadtests.target import Target
     from loadtests.probe_process import ProbeProcess
+    from loadtests.target import Target
 
 logger = logging.getLogger(__name__)
 
