@@ -31,7 +31,7 @@ import gevent
 from loadtests.config import LoadConfig
 from loadtests.load_context import API_KEY_ENV
 from loadtests.plan import build_plan, write_plan
-from probes.run_dir import LOAD_NAME, PLAN_NAME, LoadInfo, RunDirectory
+from probes.run_dir import LOAD_NAME, LOCUST_STATS_NAME, PLAN_NAME, LoadInfo, RunDirectory
 
 if TYPE_CHECKING:
     from locust.env import Environment
@@ -256,9 +256,7 @@ def write_locust_stats(environment: Environment, run_dir: Path) -> Path:
     """Locust's stats table as ``locust_stats.csv`` in the run directory (what the summary's accounting reads)."""
     from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-    from loadtests.locust_runner import CSV_PREFIX
-
-    path = run_dir / f"{CSV_PREFIX}_stats.csv"
+    path = run_dir / LOCUST_STATS_NAME
     with open(path, "w", newline="", encoding="utf-8") as f:
         StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(f))
     return path
