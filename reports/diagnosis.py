@@ -68,7 +68,10 @@ ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 METRICS_FINDINGS = (
     Finding("cache", all_of=("server_queue", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
-    Finding("batching", all_of=("server_queue", "server_kv_room"), support=("few_streams_decoding",)),
+    # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
+    # preemption and KV findings above are the ones that would name memory.
+    Finding("batching", all_of=("server_queue", "server_kv_room"), unknown_ok=("server_kv_room",),
+            support=("few_streams_decoding",)),
 )
 SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
                           support=("few_streams_decoding",)),)

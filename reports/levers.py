@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reports.evidence import Bottleneck, Evidence, Facts, num, pct
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
-from reports.rules import NO_QUEUE_SHARE
+from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
 
 
 def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
@@ -29,6 +29,10 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
         if "sweep_throughput_flat" in names:
             return ("enable or widen batching on the server (its max batch size / max_num_seqs)",
                     "more concurrency did not become more throughput: requests are queued, not batched")
+        if "server_kv_room" not in names:
+            return ("check the server's batch limit (max_num_seqs / max batch size / parallel slots)",
+                    "requests wait in the server's queue; it exports no KV usage, so a batch limit is the likelier "
+                    "hold but memory is not ruled out")
         return ("check the server's batch limit (max_num_seqs / max batch size)",
                 "requests wait while the KV cache has room: a batch limit holds them")
     if bottleneck == "cache":
@@ -69,5 +73,5 @@ def _outside_none_summary(facts: Facts) -> str:
     if p.waiting_share <= NO_QUEUE_SHARE:
         return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}): every request was "
                 f"admitted and no lever binds: the offered load is the limit")
-    return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}): a passing queue, not a "
-            f"sustained one, and no lever binds")
+    return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), under the "
+            f"{pct(QUEUE_SHARE)} that marks a sustained queue, and no lever binds")
