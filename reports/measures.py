@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -297,31 +297,43 @@ def metrics_adapter(data: RunDataset) -> MetricAdapter | None:
     return adapter_for(set(data.frame("prometheus")["sample"].unique()))
 
 
-def prometheus_series(data: RunDataset, sample: str, how: str = "sum") -> pd.Series | None:
+def prometheus_series(data: RunDataset, sample: str, how: Literal["sum", "mean"] = "sum",
+                      fill: float | None = None) -> pd.Series | None:
     """One value per scrape inside the window for ``sample`` (its label sets summed, or averaged with
-    ``how="mean"``), by scrape time."""
+    ``how="mean"``), by scrape time; with ``fill``, every scrape without the sample gets that value."""
     frame = data.frame("prometheus")
+    start, end = data.window
+    if math.isfinite(start) and math.isfinite(end):
+        inside = frame[(frame["time"] >= start) & (frame["time"] <= end)]
+        frame = inside if len(inside) else frame
     rows = frame[frame["sample"] == sample]
     if rows.empty:
         return None
-    start, end = data.window
-    if math.isfinite(start) and math.isfinite(end):
-        inside = rows[(rows["time"] >= start) & (rows["time"] <= end)]
-        rows = inside if len(inside) else rows
-    return rows.groupby("time")["value"].agg(how).sort_index()
+    series = rows.groupby("time")["value"].agg(how).sort_index()
+    return series if fill is None else series.reindex(np.sort(frame["time"].unique()), fill_value=fill)
 
 
 def signal_series(data: RunDataset, adapter: MetricAdapter, signal: str) -> tuple[str | None, pd.Series | None]:
-    """``(sample name read, series)`` of one of the adapter's SIGNALS; KV usage as a 0..1 share."""
+    """``(sample name read, series)`` of one of the adapter's SIGNALS; KV usage as a 0..1 share.
+
+    NOTE: a labelled counter has no sample until its first increment (SGLang's retractions), so a
+    scrape without it counts 0.
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
     present = set(data.frame("prometheus")["sample"].unique())
     if signal == "kv_usage" and adapter.kv_tokens is not None and all(n in present for n in adapter.kv_tokens):
         used, capacity = (prometheus_series(data, n) for n in adapter.kv_tokens)
-        ratio = (used / capacity.reindex(used.index).replace(0.0, np.nan)).dropna()  # type: ignore[operator,union-attr]
+        if used is None or capacity is None:
+            return None, None
+        ratio = (used / capacity.reindex(used.index).replace(0.0, np.nan)).dropna()
         return "/".join(adapter.kv_tokens), (ratio if len(ratio) else None)
     name = adapter.first_present(getattr(adapter, signal), present)
     if name is None:
         return None, None
-    return name, prometheus_series(data, name, how="mean" if signal == "kv_usage" else "sum")
+    if signal == "kv_usage":
+        return name, prometheus_series(data, name, how="mean")
+    return name, prometheus_series(data, name, fill=0.0 if signal in ("preemptions", "finished") else None)
 
 
 def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
