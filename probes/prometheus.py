@@ -44,12 +44,17 @@ class PrometheusProbe(SamplerProbe):
             text = response.read().decode("utf-8")
         scrape = self._num_scrapes
         self._num_scrapes += 1
-        rows = []
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = json.dumps(dict(sample.labels), sort_keys=True)
-                rows.append((now, scrape, family.name, family.type, sample.name, labels, float(sample.value)))
-        self._record_many(rows)
+        self._record_many(scrape_rows(text, now, scrape))
 
     def _to_table(self, rows: list[tuple[Any, ...]], is_final: bool) -> pa.Table:
         return tuples_table(self.schema, rows)
+
+
+def scrape_rows(text: str, time_s: float, scrape_index: int) -> list[tuple[Any, ...]]:
+    """The rows of one scrape's exposition ``text`` (schemas.PROMETHEUS): one per sample, labels as JSON."""
+    rows = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = json.dumps(dict(sample.labels), sort_keys=True)
+            rows.append((time_s, scrape_index, family.name, family.type, sample.name, labels, float(sample.value)))
+    return rows

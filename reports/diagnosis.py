@@ -24,6 +24,7 @@ from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
 from reports.health import RunHealth, run_health
 from reports.levers import lever_for
+from reports.metric_adapters import ADAPTERS
 from reports.roofline import roofline_summary, step_work
 from reports.summary import PointMeasures, RunSummary, point_measures
 
@@ -67,7 +68,10 @@ ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 METRICS_FINDINGS = (
     Finding("cache", all_of=("server_queue", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
-    Finding("batching", all_of=("server_queue", "server_kv_room"), support=("few_streams_decoding",)),
+    # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
+    # preemption and KV findings above are the ones that would name memory.
+    Finding("batching", all_of=("server_queue", "server_kv_room"), unknown_ok=("server_kv_room",),
+            support=("few_streams_decoding",)),
 )
 SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
                           support=("few_streams_decoding",)),)
@@ -126,7 +130,8 @@ def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | 
     if measures.server is not None and shape is not None:
         roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, data.peaks)
     return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
-                 roofline=roofline, engine_config=data.engine_config, sweep=sweep)
+                 roofline=roofline, engine_config=data.engine_config, sweep=sweep,
+                 is_metrics_unread=data.has_prometheus and measures.prometheus is None)
 
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:
@@ -147,12 +152,25 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
     also = sorted({f.bottleneck for f in fired[1:]} - {chosen.bottleneck})
     confidence = _confidence(source, chosen, evidence, deciding, fired_at_all=bool(fired), num_conflicts=len(also))
     lever, summary = lever_for(chosen.bottleneck, facts, deciding)
-    metrics = {"source": source, **{k: (v.to_dict() if v is not None else None) for k, v in (
-        ("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus),
-        ("roofline", facts.roofline), ("sweep", facts.sweep))}}
+    parts = (("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus),
+             ("roofline", facts.roofline), ("sweep", facts.sweep))
+    metrics = {"source": source, "metrics_read": metrics_read(facts),
+               **{k: (v.to_dict() if v is not None else None) for k, v in parts}}
     return Diagnosis(bottleneck=chosen.bottleneck, confidence=confidence, confidence_label=_label(confidence),
                      lever=lever, summary=summary, source=source, evidence=[*relevant, *others],
                      deciding=[e.name for e in deciding], also=also, metrics=metrics, label=label)
+
+
+def metrics_read(facts: Facts) -> str | None:
+    """One sentence on what the server's ``/metrics`` gave the verdict; None when nothing was scraped."""
+    p = facts.prometheus
+    if p is not None:
+        names = ", ".join(f"{signal} {name}" for signal, name in p.names.items() if name is not None)
+        return f"/metrics read with the {p.adapter} names ({names})"
+    if facts.is_metrics_unread:
+        return (f"/metrics was scraped, but none of its names is one of the known servers' "
+                f"({', '.join(ADAPTERS)}): the client-side evidence decided")
+    return None
 
 
 def diagnose_dataset(data: RunDataset, sweep: SweepMeasures | None = None) -> Diagnosis:

@@ -79,6 +79,7 @@ class Facts:
     roofline: RooflineSummary | None
     engine_config: dict[str, Any] = field(default_factory=dict)
     sweep: SweepMeasures | None = None
+    is_metrics_unread: bool = False  # /metrics was scraped but no adapter knows its names
 
 
 class Rule(ABC):

@@ -24,8 +24,9 @@ class ServerQueue(Rule):
     name = "server_queue"
     bottleneck = "batching"
     threshold = QUEUE_SHARE
-    why = ("The server's num_requests_waiting gauge above zero in at least 30% of the scrapes: a sustained queue, "
-           "not a burst; the KV rules below say whether memory or the batch limit holds it.")
+    why = ("The server's queue gauge (vLLM num_requests_waiting, SGLang num_queue_reqs, TGI tgi_queue_size, llama.cpp "
+           "requests_deferred) above zero in at least 30% of the scrapes: a sustained queue, not a burst; the KV "
+           "rules below say whether memory or the batch limit holds it.")
 
     def value(self, facts: Facts) -> float | None:
         return facts.prometheus.waiting_share if facts.prometheus else None
@@ -42,7 +43,7 @@ class ServerQueueAbsent(Rule):
     bottleneck = "none"
     threshold = NO_QUEUE_SHARE
     comparison = "<="
-    why = "As queue_absent, from the server's num_requests_waiting gauge."
+    why = "As queue_absent, from the server's queue gauge."
 
     def value(self, facts: Facts) -> float | None:
         return facts.prometheus.waiting_share if facts.prometheus else None
@@ -56,8 +57,9 @@ class ServerKvFull(Rule):
     name = "server_kv_full"
     bottleneck = "cache"
     threshold = KV_FULL
-    why = ("The server's kv_cache_usage_perc at 90% or more while requests wait: the queue is held by memory, "
-           "not by the batch limit.")
+    why = ("The server's KV-cache usage (vLLM kv_cache_usage_perc, SGLang token_usage, TGI's batch tokens over its "
+           "token pool, llama.cpp kv_cache_usage_ratio) at 90% or more while requests wait: the queue is held by "
+           "memory, not by the batch limit.")
 
     def value(self, facts: Facts) -> float | None:
         return facts.prometheus.kv_usage_peak if facts.prometheus else None
@@ -88,7 +90,8 @@ class ServerPreemptions(Rule):
     name = "server_preemptions"
     bottleneck = "cache"
     threshold = PREEMPTIONS_PER_REQUEST
-    why = "As preemptions, from the server's num_preemptions counter over the measured requests."
+    why = ("As preemptions, from the server's preemption counter (vLLM num_preemptions, SGLang "
+           "num_retracted_requests) over the measured requests.")
 
     def value(self, facts: Facts) -> float | None:
         p, c = facts.prometheus, facts.client

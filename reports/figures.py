@@ -15,14 +15,7 @@ from plotly.subplots import make_subplots
 
 from probes.peaks import MachinePeaks
 from reports.dataset import RunDataset
-from reports.measures import (
-    GAUGE_RUNNING,
-    GAUGE_WAITING,
-    WAIT_LIMITS,
-    ServerMeasures,
-    kv_usage_series,
-    prometheus_series,
-)
+from reports.measures import WAIT_LIMITS, ServerMeasures, metrics_adapter, signal_series
 from reports.summary import PointMeasures
 
 # Steps are averaged into at most this many time bins, so a long run stays a small file.
@@ -72,11 +65,12 @@ def timeline_figure(data: RunDataset) -> go.Figure | None:
             rows.append(("KV usage %", [go.Scatter(x=frame["t"], y=frame["kv"], name="KV blocks in use %")]))
         rows.append(("utilization %", [_engine_busy_trace(steps, t0), *_host_traces(data, t0)]))
     else:
-        for sample, title in ((GAUGE_RUNNING, "running"), (GAUGE_WAITING, "waiting")):
-            series = prometheus_series(data, sample)
+        adapter = metrics_adapter(data)
+        for signal, title in (("running", "running"), ("waiting", "waiting")):
+            sample, series = signal_series(data, adapter, signal) if adapter is not None else (None, None)
             if series is not None:
                 rows.append((title, [go.Scatter(x=series.index - t0, y=series.values, name=sample)]))
-        usage = kv_usage_series(data)
+        usage = signal_series(data, adapter, "kv_usage")[1] if adapter is not None else None
         if usage is not None:
             rows.append(("KV usage %", [go.Scatter(x=usage.index - t0, y=100 * usage.values, name="KV cache usage")]))
         in_flight = _in_flight_trace(data, t0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from reports.evidence import Bottleneck, Evidence, Facts, num, pct
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
+from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
 
 
 def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
@@ -28,6 +29,10 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
         if "sweep_throughput_flat" in names:
             return ("enable or widen batching on the server (its max batch size / max_num_seqs)",
                     "more concurrency did not become more throughput: requests are queued, not batched")
+        if "server_kv_room" not in names:
+            return ("check the server's batch limit (max_num_seqs / max batch size / parallel slots)",
+                    "requests wait in the server's queue; it exports no KV usage, so a batch limit is the likelier "
+                    "hold but memory is not ruled out")
         return ("check the server's batch limit (max_num_seqs / max batch size)",
                 "requests wait while the KV cache has room: a batch limit holds them")
     if bottleneck == "cache":
@@ -47,5 +52,26 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
     if s is not None and s.busy_fraction <= 0.5:
         return ("offer more load (more users or a higher rate) to find the server's limit",
                 f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
-    return ("offer more load (more users or a higher rate) to find the server's limit",
-            "every request was admitted and no lever binds: the offered load is the limit")
+    more_load = "offer more load (more users or a higher rate) to find the server's limit"
+    if s is not None:
+        return more_load, "every request was admitted and no lever binds: the offered load is the limit"
+    return more_load, _outside_none_summary(facts)
+
+
+def _outside_none_summary(facts: Facts) -> str:
+    """Why nothing binds, for a server seen from outside: only what its queue gauge showed, if it had one.
+
+    NOTE: without a queue gauge nobody measured whether requests waited, so this never says they did not.
+    """
+    p = facts.prometheus
+    if p is None or p.waiting_share is None:
+        why = ("its /metrics names are not ones servescope reads" if facts.is_metrics_unread
+               else "it had no /metrics scraped")
+        return (f"the server's queue was not measured ({why}), so whether requests waited is unknown; "
+                f"the client-side evidence shows no limit")
+    gauge = p.names.get("waiting") or "queue gauge"
+    if p.waiting_share <= NO_QUEUE_SHARE:
+        return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}): every request was "
+                f"admitted and no lever binds: the offered load is the limit")
+    return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), under the "
+            f"{pct(QUEUE_SHARE)} that marks a sustained queue, and no lever binds")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from reports.dataset import RunDataset
+from reports.metric_adapters import SIGNALS, MetricAdapter, adapter_for
 
 PERCENTILES = (50, 90, 95, 99)
 MAX_ERRORS_SHOWN = 5
@@ -95,7 +96,7 @@ class ClientMeasures:
 
 @dataclass(slots=True)
 class PrometheusMeasures:
-    """An OpenAI-compatible server's own gauges and counters over the window (vLLM names)."""
+    """An OpenAI-compatible server's own gauges and counters over the window, read by its family's adapter."""
 
     num_scrapes: int
     mean_running: float | None
@@ -104,6 +105,8 @@ class PrometheusMeasures:
     kv_usage_mean: float | None
     kv_usage_peak: float | None
     num_preemptions: int | None
+    adapter: str = "vllm"  # the server family whose names were read (reports.metric_adapters)
+    names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # signal -> the sample read
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -287,40 +290,59 @@ def goodput(rows: pd.DataFrame, slo: dict[str, float], window_s: float) -> dict[
 
 
 # -- prometheus -------------------------------------------------------------------------------
-GAUGE_RUNNING, GAUGE_WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-GAUGE_KV_USAGE, COUNTER_PREEMPTIONS = "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"
-# Older vLLM versions and other servers name the KV gauge differently.
-KV_USAGE_ALIASES = (GAUGE_KV_USAGE, "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+def metrics_adapter(data: RunDataset) -> MetricAdapter | None:
+    """The adapter for the names this run's ``/metrics`` scrapes hold; None without scrapes or known names."""
+    if not data.has_prometheus:
+        return None
+    return adapter_for(set(data.frame("prometheus")["sample"].unique()))
 
 
-def prometheus_series(data: RunDataset, sample: str) -> pd.Series | None:
-    """One value per scrape inside the window for ``sample`` (summed over labels), by scrape time."""
+def prometheus_series(data: RunDataset, sample: str, how: Literal["sum", "mean"] = "sum",
+                      fill: float | None = None) -> pd.Series | None:
+    """One value per scrape inside the window for ``sample`` (its label sets summed, or averaged with
+    ``how="mean"``), by scrape time; with ``fill``, every scrape without the sample gets that value."""
     frame = data.frame("prometheus")
+    start, end = data.window
+    if math.isfinite(start) and math.isfinite(end):
+        inside = frame[(frame["time"] >= start) & (frame["time"] <= end)]
+        frame = inside if len(inside) else frame
     rows = frame[frame["sample"] == sample]
     if rows.empty:
         return None
-    start, end = data.window
-    if math.isfinite(start) and math.isfinite(end):
-        inside = rows[(rows["time"] >= start) & (rows["time"] <= end)]
-        rows = inside if len(inside) else rows
-    return rows.groupby("time")["value"].sum().sort_index()
+    series = rows.groupby("time")["value"].agg(how).sort_index()
+    return series if fill is None else series.reindex(np.sort(frame["time"].unique()), fill_value=fill)
 
 
-def kv_usage_series(data: RunDataset) -> pd.Series | None:
-    """The server's KV usage gauge (0..1), under whichever of the known names it exports."""
-    for name in KV_USAGE_ALIASES:
-        series = prometheus_series(data, name)
-        if series is not None:
-            return series
-    return None
+def signal_series(data: RunDataset, adapter: MetricAdapter, signal: str) -> tuple[str | None, pd.Series | None]:
+    """``(sample name read, series)`` of one of the adapter's SIGNALS; KV usage as a 0..1 share.
+
+    NOTE: a labelled counter has no sample until its first increment (SGLang's retractions), so a
+    scrape without it counts 0.
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
+    present = set(data.frame("prometheus")["sample"].unique())
+    if signal == "kv_usage" and adapter.kv_tokens is not None and all(n in present for n in adapter.kv_tokens):
+        used, capacity = (prometheus_series(data, n) for n in adapter.kv_tokens)
+        if used is None or capacity is None:
+            return None, None
+        ratio = (used / capacity.reindex(used.index).replace(0.0, np.nan)).dropna()
+        return "/".join(adapter.kv_tokens), (ratio if len(ratio) else None)
+    name = adapter.first_present(getattr(adapter, signal), present)
+    if name is None:
+        return None, None
+    if signal == "kv_usage":
+        return name, prometheus_series(data, name, how="mean")
+    return name, prometheus_series(data, name, fill=0.0 if signal in ("preemptions", "finished") else None)
 
 
 def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
-    if not data.has_prometheus:
+    """The server's gauges over the window; None when there are no scrapes or no adapter knows their names."""
+    adapter = metrics_adapter(data)
+    if adapter is None:
         return None
-    running, waiting = prometheus_series(data, GAUGE_RUNNING), prometheus_series(data, GAUGE_WAITING)
-    usage = kv_usage_series(data)
-    preempt = prometheus_series(data, COUNTER_PREEMPTIONS)
+    read = {signal: signal_series(data, adapter, signal) for signal in SIGNALS}
+    running, waiting, usage, preempt = (read[s][1] for s in ("running", "waiting", "kv_usage", "preemptions"))
     return PrometheusMeasures(
         num_scrapes=int(data.frame("prometheus")["scrape_index"].nunique()),
         mean_running=float(running.mean()) if running is not None else None,
@@ -329,4 +351,5 @@ def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
         kv_usage_mean=float(usage.mean()) if usage is not None else None,
         kv_usage_peak=float(usage.max()) if usage is not None else None,
         num_preemptions=int(round(preempt.iloc[-1] - preempt.iloc[0])) if preempt is not None else None,
+        adapter=adapter.name, names={signal: name for signal, (name, _) in read.items()},
     )

@@ -21,12 +21,10 @@ from reports.measures import (
     ServerMeasures,
     client_measures,
     distribution,
+    metrics_adapter,
     prometheus_measures,
     server_measures,
 )
-
-# The server's own count of finished requests, when it exports vLLM's counter.
-COUNTER_SUCCESS = "vllm:request_success_total"
 
 
 @dataclass(slots=True)
@@ -155,8 +153,10 @@ def accounting(data: RunDataset) -> Accounting:
     finished = None
     if "requests" in data.frames:
         finished = int(data.frames["requests"]["is_finished"].sum())
-    elif data.has_prometheus:
-        finished = _counter_growth(data.frame("prometheus"), COUNTER_SUCCESS)
+    elif (adapter := metrics_adapter(data)) is not None:
+        present = set(data.frame("prometheus")["sample"].unique())
+        counter = adapter.first_present(adapter.finished, present)
+        finished = _counter_growth(data.frame("prometheus"), counter) if counter is not None else None
     return Accounting(
         client_rows=len(data.client) if data.client is not None else None,
         locust_http_requests=int(http["Request Count"].sum()) if http is not None else None,
