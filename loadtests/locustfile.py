@@ -241,9 +241,10 @@ def load_context(environment: Environment) -> LoadContext:
     return context
 
 
-class LLMUser(HttpUser):
-    """Closed loop: send, stream to the end, send the next; stops sending at the run's deadline."""
+class ClosedLoopUser(HttpUser):
+    """What every closed-loop user shares: no wait between requests, counted in and out of the run."""
 
+    abstract = True
     wait_time = constant(0)
 
     def on_start(self) -> None:
@@ -251,6 +252,10 @@ class LLMUser(HttpUser):
 
     def on_stop(self) -> None:
         _user_done(self.environment)
+
+
+class LLMUser(ClosedLoopUser):
+    """Closed loop: send, stream to the end, send the next; stops sending at the run's deadline."""
 
     @task
     def stream_one(self) -> None:
@@ -262,16 +267,8 @@ class LLMUser(HttpUser):
         send_request(self.client, context, self.environment.events.request.fire)
 
 
-class ChatSessionUser(HttpUser):
+class ChatSessionUser(ClosedLoopUser):
     """Closed loop over chat sessions: each turn sends the history so far and waits for its reply."""
-
-    wait_time = constant(0)
-
-    def on_start(self) -> None:
-        load_context(self.environment).user_started()
-
-    def on_stop(self) -> None:
-        _user_done(self.environment)
 
     @task
     def converse(self) -> None:
