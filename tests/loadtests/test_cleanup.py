@@ -54,7 +54,8 @@ def assert_all_gone(children: list[psutil.Process]) -> None:
     assert not alive, f"left running: {[(p.pid, _cmdline(p)) for p in alive]}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_diagnose_stops_locust_and_the_server(tmp_path: Path, sig: signal.Signals) -> None:
     out, log = tmp_path / "run", tmp_path / "diagnose.log"
     process = start_diagnose(out, log)

@@ -103,6 +103,7 @@ def test_diagnose_the_dummy_model(tmp_path) -> None:
     assert manifest["workload"]["config"]["users"] == 4 and manifest["seeds"]["workload"] == 0
 
 
+@pytest.mark.slow
 def test_two_worker_processes_merge_into_one_set_of_stats(tmp_path) -> None:
     out = tmp_path / "run"
     assert main(["diagnose", "--model", MODEL, "--execution", "eager", "--processes", "2", "--users", "4",

@@ -96,6 +96,7 @@ def test_plain_master_worker_run_counts_every_workers_requests(tmp_path: Path, d
     assert int(stats.loc[stats["Type"] == "POST", "Request Count"].sum()) == len(rows)
 
 
+@pytest.mark.slow
 def test_ss_rate_alone_makes_a_plain_run_open_loop(tmp_path: Path, dummy_server: ServerProcess) -> None:
     rate = 4.0
     done = subprocess.run(locust_argv("--headless", "-u", "1", "-r", "1", "-t", "8s", "--host", dummy_server.url,
