@@ -138,15 +138,9 @@ class LoadContext:
         return out
 
     def body(self, item: PlannedRequest, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": item.max_tokens, "stream": True,
-                                "stream_options": {"include_usage": True}}
-        if self.ignore_eos:
-            body["ignore_eos"] = True  # vLLM's extension, also served by ours, SGLang and llama.cpp's
-        if self.api == "chat":
-            body["messages"] = messages if messages is not None else [{"role": "user", "content": item.prompt}]
-        else:
-            body["prompt"] = item.prompt if item.prompt_token_ids is None else item.prompt_token_ids
-        return body
+        # NOTE: token ids (a trace's exact lengths) go to the completions API only; chat sends the text.
+        prompt = item.prompt if item.prompt_token_ids is None or self.api == "chat" else item.prompt_token_ids
+        return request_body(self.model, self.api, prompt, item.max_tokens, self.ignore_eos, messages)
 
     def backoff_s(self, is_ok: bool) -> float:
         """How long to wait before the next request, given how the last one went (see ``BACKOFF_*``)."""
@@ -170,6 +164,20 @@ class LoadContext:
     def close(self) -> None:
         if self.journal is not None:
             self.journal.close()
+
+
+def request_body(model: str, api: str, prompt: str | list[int], max_tokens: int, ignore_eos: bool,
+                 messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """The streaming request every load sends (and the probe before it): chat ``messages``, else ``prompt``."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM's extension, also served by ours, SGLang and llama.cpp's
+    if api == "chat":
+        body["messages"] = messages if messages is not None else [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
 
 
 def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
@@ -216,11 +224,10 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
         assert ctx.journal is not None
         if not is_cut_short:
             ctx.journal.write(record)
+    wait_s = ctx.backoff_s(record.is_ok)
     if record.is_ok:
         report_token_rows(fire, record, suffix)
-        ctx.backoff_s(True)
         return text
-    wait_s = ctx.backoff_s(False)
     # NOTE: Locust monkey-patches time.sleep to yield to the other users.
     time.sleep(min(wait_s, max(ctx.deadline - ctx.clock.now(), 0.0)))
     return None

@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.load_context import API_PATHS
+from loadtests.load_context import API_PATHS, request_body
 
 # Fields the load adds beyond the OpenAI API, which a server may refuse; dropped in this order.
 OPTIONAL_FIELDS = ("ignore_eos",)
@@ -86,30 +86,25 @@ def probe_request(target: Target, api: str, ignore_eos: bool, api_key: str | Non
     Raises ``ValueError`` naming the status and body when the target refuses the request for any
     other reason, answers something that is not an SSE stream, or does not answer.
     """
-    fields = {"ignore_eos": True} if ignore_eos else {}
+    fields = {"ignore_eos": ignore_eos}
     dropped: list[str] = []
     while True:
-        status, text, content_type = _post_probe(target, api, fields, api_key)
+        status, text, content_type = _post_probe(target, api, fields["ignore_eos"], api_key)
         if 200 <= status < 300:
             if "text/event-stream" not in content_type and not text.lstrip().startswith("data:"):
                 raise ValueError(f"{target.url}{API_PATHS[api]} answered a streaming request with "
                                  f"{content_type or 'no content type'}, not an SSE stream: {text[:200]!r}")
             return ProbeResult(tuple(dropped), status)
-        refused = [name for name in OPTIONAL_FIELDS if name in fields and name in text]
+        refused = [name for name in OPTIONAL_FIELDS if fields[name] and name in text]
         if 400 <= status < 500 and refused:
             dropped.append(refused[0])
-            del fields[refused[0]]
+            fields[refused[0]] = False
             continue
         raise ValueError(f"{target.url}{API_PATHS[api]} refused the load's request: HTTP {status}: {text[:300]}")
 
 
-def _post_probe(target: Target, api: str, fields: dict[str, Any], api_key: str | None) -> tuple[int, str, str]:
-    body: dict[str, Any] = {"model": target.model, "max_tokens": 1, "stream": True,
-                            "stream_options": {"include_usage": True}, **fields}
-    if api == "chat":
-        body["messages"] = [{"role": "user", "content": "Hello"}]
-    else:
-        body["prompt"] = "Hello"
+def _post_probe(target: Target, api: str, ignore_eos: bool, api_key: str | None) -> tuple[int, str, str]:
+    body = request_body(target.model, api, "Hello", 1, ignore_eos)
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(f"{target.url}{API_PATHS[api]}", data=json.dumps(body).encode(), headers=headers,
                                      method="POST")

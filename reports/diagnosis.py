@@ -10,6 +10,7 @@ Every rule's evidence goes into the result, passed or not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -212,15 +213,16 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
     points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
     parameter = sweep_parameter(run_path)
     measures = [point_measures(p) for p in points]
+    point_facts = [facts_for(p, m) for p, m in zip(points, measures, strict=True)]
     health = run_health(points, measures)
     if not health.can_judge:
-        facts = facts_for(points[-1], measures[-1])
-        diagnosis = no_verdict(health, facts, points[-1].label)
-        return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
-                        diagnosis=diagnosis, point_verdicts=[no_verdict(health, facts, p.label) for p in points])
-    verdicts = [decide(facts_for(p, m), p.label) for p, m in zip(points, measures, strict=True)]
+        verdicts = [no_verdict(health, f, p.label) for p, f in zip(points, point_facts, strict=True)]
+        return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=point_facts[-1],
+                        diagnosis=verdicts[-1], point_verdicts=verdicts)
+    verdicts = [decide(f, p.label) for p, f in zip(points, point_facts, strict=True)]
     sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
-    facts = facts_for(points[-1], measures[-1], sweep)
+    # NOTE: the heaviest point's facts with the sweep's evidence added; its roofline is not recomputed.
+    facts = dataclasses.replace(point_facts[-1], sweep=sweep)
     diagnosis = decide(facts, points[-1].label) if sweep is not None else verdicts[-1]
     if len(points) > 1:
         diagnosis.metrics["points"] = [

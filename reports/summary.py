@@ -61,10 +61,6 @@ class OpenLoopMeasures:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OpenLoopMeasures:
-        return cls(**data)
-
 
 @dataclass(slots=True)
 class PointMeasures:
@@ -95,7 +91,7 @@ class PointMeasures:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PointMeasures:
         def part(kind: Any, value: dict[str, Any] | None) -> Any:
-            return None if value is None else kind(**value) if kind is not OpenLoopMeasures else kind.from_dict(value)
+            return None if value is None else kind(**value)
 
         return cls(label=data["label"], concurrency=data["concurrency"], load=dict(data["load"]),
                    target=data["target"], model=data["model"], num_warmup_requests=data["num_warmup_requests"],
