@@ -191,6 +191,10 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
     finish chunk), not Locust's default of send to headers.
     """
     seq, item = planned if planned is not None else ctx.next_item()
+    # NOTE: gevent's timers run on the event loop's cached clock and can fire a fraction of a
+    # millisecond before the wall-clock time they were set for; a scheduled request is never sent early.
+    while scheduled_time is not None and (early_s := scheduled_time - ctx.clock.now()) > 0:
+        time.sleep(early_s)
     send = ctx.clock.now()
     record = ClientRecord(worker=ctx.worker, seq=seq, plan_index=item.index, group=item.group,
                           is_warmup=ctx.is_warmup(send), send_time=send, scheduled_time=scheduled_time,
