@@ -138,6 +138,12 @@ def llm_rows(stats: dict[str, Any]) -> dict[str, int]:
     return {row["name"]: row["num_requests"] for row in stats["stats"] if row["method"] == LLM_REQUEST_TYPE}
 
 
+def llm_tab(stats: dict) -> dict:
+    """The LLM tab's rows in one ``/stats/requests`` answer, by metric."""
+    return {row["metric"]: row for extended in stats.get("extended_stats", []) if extended["key"] == TAB_KEY
+            for row in extended["data"]}
+
+
 def test_web_ui_lists_the_llm_rows_and_user_changes_reach_the_report(tmp_path: Path,
                                                                       dummy_server: ServerProcess) -> None:
     port, log = free_port(), tmp_path / "locust.log"
@@ -160,13 +166,15 @@ def test_web_ui_lists_the_llm_rows_and_user_changes_reach_the_report(tmp_path: P
                  "no TTFT row", log)
         # More users from the UI mid-run; the run then stops itself after run_time.
         assert web(base, "/swarm", {"user_count": 3, "spawn_rate": 5, "run_time": "4s"})["success"]
-        stats = wait_for(lambda: (s := web(base, "/stats/requests"))["user_count"] == 3 and s, RUN_TIMEOUT_S,
-                         "the user count never reached 3", log)
+        # NOTE: the tab's "now" is Locust's rate over its last few seconds, empty for a moment on a
+        # loaded machine: the answer is taken once it shows output flowing at 3 users.
+        stats = wait_for(lambda: (s := web(base, "/stats/requests"))["user_count"] == 3
+                         and (llm_tab(s).get("output tokens/s", {}).get("now") or 0) > 0 and s, RUN_TIMEOUT_S,
+                         "the user count never reached 3 with output flowing", log)
         rows = llm_rows(stats)
         assert set(rows) >= LLM_ROWS and all(rows[name] > 0 for name in LLM_ROWS), rows
         # The LLM tab: its rows ride on the same answer, counted from the same Locust entries.
-        tab = {row["metric"]: row for extended in stats["extended_stats"] if extended["key"] == TAB_KEY
-               for row in extended["data"]}
+        tab = llm_tab(stats)
         assert tab["TTFT (ms)"]["samples"] == rows[TTFT_ROW] and tab["TPOT (ms)"]["samples"] == rows[TPOT_ROW]
         assert tab["output tokens/s"]["samples"] == rows[OUTPUT_TOKENS_ROW] and tab["output tokens/s"]["now"] > 0
         with urllib.request.urlopen(base + "/", timeout=10.0) as page:  # noqa: S310
