@@ -35,6 +35,7 @@ class Sent:
 
     role: float | None = None
     first_content: float | None = None
+    content: list[float] = field(default_factory=list)  # every content chunk, in order
     finish: float | None = None
     usage: float | None = None
 
@@ -56,6 +57,7 @@ class ScriptedServer:
     sent: dict[str, Sent] = field(default_factory=dict)
     misbehaviour: Misbehaviour = field(default_factory=Misbehaviour)
     num_requests: int = 0
+    chunk_gap_s: float = 0.02  # the pause after each content chunk
     stop: Callable[[], None] = lambda: None
 
 
@@ -105,12 +107,13 @@ def _app(server: ScriptedServer) -> Starlette:
             yield ": keep-alive\n\n"
             await asyncio.sleep(ROLE_TO_CONTENT_S / 2)
             for i, text in enumerate(CONTENT[: body["max_tokens"]]):
+                sent.content.append(time.time())
                 if i == 0:
-                    sent.first_content = time.time()
+                    sent.first_content = sent.content[0]
                 yield _chunk(request_id, is_chat, text)
                 if bad.cut_mid_stream:
                     return
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(server.chunk_gap_s)
             sent.finish = time.time()
             yield _chunk(request_id, is_chat, None, finish="length")
             await asyncio.sleep(FINISH_TO_USAGE_S)
@@ -126,10 +129,11 @@ def _app(server: ScriptedServer) -> Starlette:
 
 
 @contextmanager
-def scripted_server(misbehaviour: Misbehaviour | None = None) -> Iterator[ScriptedServer]:
+def scripted_server(misbehaviour: Misbehaviour | None = None, chunk_gap_s: float = 0.02) -> Iterator[ScriptedServer]:
     """The scripted server on a free 127.0.0.1 port, on a background thread."""
     sock = socket.create_server(("127.0.0.1", 0))
-    server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}", misbehaviour=misbehaviour or Misbehaviour())
+    server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}", misbehaviour=misbehaviour or Misbehaviour(),
+                            chunk_gap_s=chunk_gap_s)
     uv = uvicorn.Server(uvicorn.Config(_app(server), log_level="warning", lifespan="off"))
 
     def stop() -> None:

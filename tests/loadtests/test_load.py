@@ -56,6 +56,30 @@ def test_ttft_is_the_first_content_token_and_usage_does_not_move_the_end(tmp_pat
     assert measured(out).accounting.is_consistent
 
 
+def test_chunk_arrival_times_are_per_chunk_not_per_stream(tmp_path) -> None:
+    """Each token is timed when its own chunk arrives, across concurrent streams: never before the
+    server wrote it, and (almost always) before the server even wrote the next one. A client that
+    buffered a stream (the gevent pitfall) would stamp every token of it with one time."""
+    out = tmp_path / "run"
+    gap_s = 0.1
+    with scripted_server(chunk_gap_s=gap_s) as server:
+        assert main(["load", "--target", server.url, "--tokenizer", "dummy:tiny", "--users", "6",
+                     "--duration", "2", "--warmup", "0", "--workload", "fixed", "--max-tokens", "3",
+                     "--out", str(out)]) == 0
+    rows = load_client_requests(out)
+    assert len(rows) >= 6 and rows["is_ok"].all()
+    before_next = []
+    for row in rows.itertuples():
+        written = server.sent[row.request_id].content
+        assert len(row.token_times) == len(written) == 3
+        # NOTE: 1 ms for the two processes' clocks (both time.time()-anchored) to differ by.
+        assert all(got >= sent - 1e-3 for got, sent in zip(row.token_times, written, strict=True))
+        assert all(b > a for a, b in itertools.pairwise(row.token_times))
+        before_next += [got < nxt for got, nxt in zip(row.token_times, written[1:], strict=False)]
+    # A gap of gap_s between writes: only a client stalled that long reads two chunks together.
+    assert np.mean(before_next) >= 0.9
+
+
 def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_server: ServerProcess) -> None:
     rate, seed = 20.0, 3
     out = tmp_path / "run"
