@@ -13,9 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
-from loadtests.client_table import load_client_requests
+from engine.weights import load_model
+from probes.run_dir import SUMMARY_NAME, RunDirectory
+from reports.summary import RunSummary
 
 PEERS = Path(shutil.which("guidellm") or "guidellm").parent
 SS = Path(shutil.which("servescope") or "servescope").parent
@@ -30,7 +30,7 @@ with socket.socket() as sock:
 url = f"http://127.0.0.1:{port}"
 tok = work / "tok"
 if not tok.exists():
-    subprocess.run([sys.executable, "-c", f"from engine.weights import load_model; load_model('dummy:tiny').tokenizer.save_pretrained('{tok}')"], check=True)
+    load_model("dummy:tiny").tokenizer.save_pretrained(tok)
 mock = subprocess.Popen([PEERS / "guidellm", "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "dummy:tiny",
                          "--ttft-ms", "100", "--itl-ms", "10", "--output-tokens", "32"],
                         stdout=(work / "mock.log").open("w"), stderr=subprocess.STDOUT)  # noqa: SIM115
@@ -50,12 +50,12 @@ try:
                             "--users", str(c), "--duration", str(dur), "--warmup", "3", "--workload", "fixed",
                             "--max-tokens", "32", "--no-ignore-eos", "--processes", str(p), "--out", str(out)],
                            check=True, env=env, stdout=(work / f"ss-c{c}-p{p}.log").open("w"), stderr=subprocess.STDOUT, timeout=600)  # noqa: SIM115
-            t = load_client_requests(out)
-            m = t[(~t["is_warmup"]) & t["is_ok"]]
-            ttft = m["ttft_s"].to_numpy() * 1000
-            itl = np.concatenate([np.diff(np.asarray(x)) for x in m["token_times"]]) * 1000
-            span = m["end_time"].max() - m["send_time"].min()
-            rows.append((f"servescope load --processes {p}", c, len(m) / span, *np.percentile(ttft, [50, 99]), *np.percentile(itl, [50, 99]), len(m)))
+            # The measures servescope itself reports for the point (reports.measures.client_measures).
+            (point,) = RunDirectory(out).load(SUMMARY_NAME, RunSummary).points
+            cm = point.client
+            rows.append((f"servescope load --processes {p}", c, cm.request_throughput,
+                         1000 * cm.ttft_s["p50"], 1000 * cm.ttft_s["p99"], 1000 * cm.itl_s["p50"],
+                         1000 * cm.itl_s["p99"], cm.num_ok))
             print(rows[-1], flush=True)
         g = work / f"gl-c{c}"
         g.mkdir(exist_ok=True)
