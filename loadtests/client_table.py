@@ -1,4 +1,5 @@
-"""``client_requests.parquet``: every worker's client rows merged, with the latencies derived once, here."""
+"""``client_requests.parquet``: every worker's client rows merged, with the latencies derived once, here;
+and ``client_health.parquet``, every worker's health samples (:mod:`loadtests.client_health`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loadtests.records import ClientRecord, journal_paths, read_journal
-from probes.run_dir import CLIENT_TABLE, RunDirectory
-from probes.schemas import CLIENT_REQUESTS
+from loadtests.records import (
+    HEALTH_PREFIX,
+    JOURNAL_SUFFIX,
+    ClientRecord,
+    journal_paths,
+    read_journal,
+    read_json_lines,
+)
+from probes.run_dir import CLIENT_HEALTH_TABLE, CLIENT_TABLE, RunDirectory
+from probes.schemas import CLIENT_HEALTH, CLIENT_REQUESTS
 
 
 def records_table(records: list[ClientRecord]) -> pa.Table:
@@ -26,12 +34,29 @@ def records_table(records: list[ClientRecord]) -> pa.Table:
 def merge_journals(run_dir: str | os.PathLike[str], remove: bool = True) -> Path:
     """Merge every worker's journal into ``client_requests.parquet``, sorted by send time.
 
-    NOTE: the merged file lands (atomically) before any journal is removed.
+    NOTE: the merged file lands (atomically) before any journal is removed. The workers' health
+    journals are merged alongside (:func:`merge_health_journals`).
     """
+    merge_health_journals(run_dir, remove)
     paths = journal_paths(run_dir)
     records = [record for path in paths for record in read_journal(path)]
     records.sort(key=lambda r: (r.send_time, r.worker, r.seq))
     out = RunDirectory(run_dir).write_table(CLIENT_TABLE, records_table(records))
+    if remove:
+        for path in paths:
+            path.unlink()
+    return out
+
+
+def merge_health_journals(run_dir: str | os.PathLike[str], remove: bool = True) -> Path | None:
+    """Every worker's health samples into ``client_health.parquet`` (None when no worker wrote any)."""
+    paths = sorted(Path(run_dir).glob(f"{HEALTH_PREFIX}*{JOURNAL_SUFFIX}"))
+    if not paths:
+        return None
+    samples = sorted((s for path in paths for s in read_json_lines(path)), key=lambda s: (s["time"], s["worker"]))
+    table = pa.table({f.name: pa.array([s[f.name] for s in samples], type=f.type) for f in CLIENT_HEALTH},
+                     schema=CLIENT_HEALTH)
+    out = RunDirectory(run_dir).write_table(CLIENT_HEALTH_TABLE, table)
     if remove:
         for path in paths:
             path.unlink()

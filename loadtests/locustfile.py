@@ -48,6 +48,7 @@ from urllib3 import PoolManager
 
 from loadtests import web_ui
 from loadtests.arrival import worker_rng
+from loadtests.client_health import HealthSampler
 from loadtests.load_context import API_PATHS, LoadContext, send_request
 from loadtests.plain_run import PlainRuns
 from loadtests.workloads import WORKLOADS
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 MAX_OPEN_LOOP_CONNECTIONS = 1024
 CONTEXT_ATTRIBUTE = "servescope_load"
 PLAIN_ATTRIBUTE = "servescope_plain_runs"
+HEALTH_ATTRIBUTE = "servescope_health"
 # How far ahead of its time a trace request's greenlet is created (it then sleeps to the time).
 TRACE_LOOKAHEAD_S = 0.5
 WORKER_DONE_MESSAGE = "servescope_worker_done"
@@ -189,7 +191,14 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     if options is None or options.ss_run_dir is None:
         raise ValueError("the servescope locustfile needs --ss-run-dir")
     worker_index = max(int(getattr(runner, "worker_index", 0)), 0)
-    setattr(environment, CONTEXT_ATTRIBUTE, LoadContext.from_options(options, worker_index))
+    context = LoadContext.from_options(options, worker_index)
+    setattr(environment, CONTEXT_ATTRIBUTE, context)
+    previous: HealthSampler | None = getattr(environment, HEALTH_ATTRIBUTE, None)
+    if previous is not None:
+        previous.stop()  # a web-UI run started again without a stop between
+    sampler = HealthSampler(context.run_dir, context.worker, context.clock)
+    sampler.start()
+    setattr(environment, HEALTH_ATTRIBUTE, sampler)
 
 
 @events.test_stop.add_listener
@@ -197,6 +206,9 @@ def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
     context = getattr(environment, CONTEXT_ATTRIBUTE, None)
     if context is not None:
         context.close()
+    sampler: HealthSampler | None = getattr(environment, HEALTH_ATTRIBUTE, None)
+    if sampler is not None:
+        sampler.stop()
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
     if plain is None or plain.current is None:
         return

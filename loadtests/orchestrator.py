@@ -199,6 +199,8 @@ def _finish(out: Path, console: Console) -> Summary:
         if not point.accounting.is_consistent:
             console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "
                           f"{point.accounting.to_dict()}")
+        for warning in point.warnings:
+            console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
     diagnosis = summary.diagnosis
     if not diagnosis.has_verdict:
         console.print(f"[bold red]{diagnosis.summary}[/]")

@@ -21,6 +21,8 @@ from typing import IO, Any
 
 JOURNAL_PREFIX = "client_requests-"
 JOURNAL_SUFFIX = ".jsonl"
+# Each worker's health samples (loadtests.client_health), merged beside the client rows.
+HEALTH_PREFIX = "client_health-"
 
 
 class Clock:
@@ -144,15 +146,20 @@ def journal_paths(run_dir: str | os.PathLike[str]) -> list[Path]:
 
 def read_journal(path: Path) -> list[ClientRecord]:
     """The records of one journal; a last line cut short (the worker died mid-write) is dropped."""
-    records = []
+    return [ClientRecord.from_dict(line) for line in read_json_lines(path)]
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file a worker appends to; a torn last line (it died mid-write) is dropped."""
+    objects = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(ClientRecord.from_dict(json.loads(line)))
+            objects.append(json.loads(line))
         except json.JSONDecodeError:
             if number == len(lines):
                 break
             raise ValueError(f"{path}:{number} is not a JSON record") from None
-    return records
+    return objects

@@ -50,6 +50,9 @@ class RunManifest:
     error: str | None = None
     probes: dict[str, ProbeStatus] = field(default_factory=dict)
     model_shape: ModelShape | None = None  # what the roofline needs; None when the model is unknown here
+    # What makes the run's client-side figures suspect (reports.summary.RunWarning, as dicts): marked
+    # when the run is summarized, after its probes stopped.
+    warnings: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -72,6 +75,7 @@ class RunManifest:
             "started_at": self.started_at, "stopped_at": self.stopped_at, "status": self.status.value,
             "error": self.error, "probes": {name: p.to_dict() for name, p in self.probes.items()},
             "model_shape": self.model_shape.to_dict() if self.model_shape is not None else None,
+            "warnings": self.warnings,
         }
 
     @classmethod
@@ -94,7 +98,7 @@ class RunManifest:
                 status=RunStatus(data["status"]), error=data["error"],
                 probes={name: ProbeStatus.from_dict(p) for name, p in data["probes"].items()},
                 model_shape=ModelShape.from_dict(data["model_shape"]) if data.get("model_shape") else None,
-                format_version=data["format_version"],
+                warnings=[dict(w) for w in data.get("warnings", [])], format_version=data["format_version"],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"a malformed field: {type(exc).__name__}: {exc}") from exc

@@ -6,6 +6,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
     steps.parquet, requests.parquet, nvml.parquet, host.parquet, prometheus.parquet
     steps.part-000000.parquet     parts a probe flushed while running; merged into steps.parquet on stop
     client_requests.parquet       one client row per request (probes.schemas.CLIENT_REQUESTS)
+    client_health.parquet         each load worker's event-loop lag and CPU, sampled (probes.schemas.CLIENT_HEALTH)
     trace.json                    Chrome / Perfetto trace
     machine_peaks.json            probes.peaks.MachinePeaks, measured before the engine started
     load.json                     LoadInfo: the load point's config, its target and model
@@ -51,6 +52,7 @@ SUMMARY_NAME = "summary.json"
 DIAGNOSIS_NAME = "diagnosis.json"
 REPORT_NAME = "report.html"
 CLIENT_TABLE = "client_requests"
+CLIENT_HEALTH_TABLE = "client_health"
 LOCUST_CSV_PREFIX = "locust"  # Locust writes locust_stats.csv, locust_stats_history.csv, ...
 LOCUST_STATS_NAME = f"{LOCUST_CSV_PREFIX}_stats.csv"
 LOCUST_HTML_NAME = "locust.html"

@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 import pyarrow as pa
 
-from probes.run_dir import CLIENT_TABLE
+from probes.run_dir import CLIENT_HEALTH_TABLE, CLIENT_TABLE
 
 _F64 = pa.float64()
 _I64 = pa.int64()
@@ -127,6 +127,16 @@ CLIENT_REQUESTS = pa.schema([
     ("itl_s", _F64_LIST),  # gaps between content chunks
 ])
 
+# Each load worker's own health, sampled every 0.2 s (loadtests.client_health): how late its event
+# loop woke (every token time of that worker shares the lag) and its CPU time over the gap, as a
+# share of one core.
+CLIENT_HEALTH = pa.schema([
+    ("worker", _STR),
+    ("time", _F64),
+    ("loop_lag_s", _F64),
+    ("cpu_share", _F64),
+])
+
 TABLE_SCHEMAS: MappingProxyType[str, pa.Schema] = MappingProxyType({
     "steps": STEPS,
     "requests": REQUESTS,
@@ -134,4 +144,5 @@ TABLE_SCHEMAS: MappingProxyType[str, pa.Schema] = MappingProxyType({
     "host": HOST,
     "prometheus": PROMETHEUS,
     CLIENT_TABLE: CLIENT_REQUESTS,
+    CLIENT_HEALTH_TABLE: CLIENT_HEALTH,
 })

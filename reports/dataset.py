@@ -24,6 +24,7 @@ from probes.manifest import RunManifest
 from probes.model_shape import ModelShape
 from probes.peaks import MachinePeaks
 from probes.run_dir import (
+    CLIENT_HEALTH_TABLE,
     CLIENT_TABLE,
     LOCUST_STATS_NAME,
     MANIFEST_NAME,
@@ -33,7 +34,7 @@ from probes.run_dir import (
     RunFileError,
     SweepIndex,
 )
-from probes.schemas import CLIENT_REQUESTS, TABLE_SCHEMAS
+from probes.schemas import CLIENT_HEALTH, CLIENT_REQUESTS, TABLE_SCHEMAS
 
 # How much of a prompt the report shows next to a request (the rest is in workload.jsonl).
 PROMPT_EXCERPT_CHARS = 160
@@ -60,6 +61,7 @@ class RunDataset:
     peaks: MachinePeaks | None = None
     prompts: dict[int, str] = field(default_factory=dict)
     locust_stats: pd.DataFrame | None = None
+    client_health: pd.DataFrame | None = None  # the load workers' own samples (probes.schemas.CLIENT_HEALTH)
     window: tuple[float, float] = (math.nan, math.nan)
     latencies: pd.DataFrame = field(default_factory=pd.DataFrame)
     latency_source: str = "none"
@@ -91,7 +93,8 @@ class RunDataset:
         stats_path = path / LOCUST_STATS_NAME
         dataset = cls(path=path, manifest=manifest, frames=frames, client=client, load_info=load, peaks=peaks,
                       prompts=_read_prompts(path / PLAN_NAME),
-                      locust_stats=pd.read_csv(stats_path) if stats_path.is_file() else None)
+                      locust_stats=pd.read_csv(stats_path) if stats_path.is_file() else None,
+                      client_health=_read_client_health(run_dir.table_path(CLIENT_HEALTH_TABLE)))
         dataset.window = dataset._measurement_window()
         dataset.latencies, dataset.latency_source = dataset._latencies()
         return dataset
@@ -239,6 +242,16 @@ def _read_client_rows(path: Path) -> pd.DataFrame:
         return pq.read_table(path, schema=CLIENT_REQUESTS).to_pandas()
     except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
         raise DatasetError(f"{path} is not a readable client table: {exc}") from exc
+
+
+def _read_client_health(path: Path) -> pd.DataFrame | None:
+    """The load workers' health samples; None for a run without them (older, or no worker started)."""
+    if not path.is_file():
+        return None
+    try:
+        return pq.read_table(path, schema=CLIENT_HEALTH).to_pandas()
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path} is not a readable client health table: {exc}") from exc
 
 
 def _read_prompts(path: Path) -> dict[int, str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from probes.run_dir import REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
+from probes.run_dir import MANIFEST_NAME, REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
 from reports.diagnosis import Diagnosis, analyze, write_diagnosis
 from reports.sections import ReportContext, section_views
 from reports.summary import RunSummary
@@ -63,6 +63,8 @@ def write_run_report(path: str | os.PathLike[str],
                      out: str | os.PathLike[str] | None = None) -> tuple[Diagnosis, RunSummary]:
     """:func:`write_report`, returning the verdict and the measures it wrote (what the console shows)."""
     ctx = build_context(path)
+    if out is None:
+        mark_warnings(ctx)
     run_dir = RunDirectory(Path(out) if out is not None else Path(path))
     run_dir.path.mkdir(parents=True, exist_ok=True)
     run_dir.save(SUMMARY_NAME, ctx.summary)
@@ -72,3 +74,12 @@ def write_run_report(path: str | os.PathLike[str],
     os.replace(tmp, run_dir.file(REPORT_NAME))
     write_diagnosis(run_dir.path, ctx.diagnosis)
     return ctx.diagnosis, ctx.summary
+
+
+def mark_warnings(ctx: ReportContext) -> None:
+    """Write each point's client warnings into its ``run.json`` (the probes have stopped by now)."""
+    for data, measures in zip(ctx.points, ctx.summary.points, strict=True):
+        warnings = [w.to_dict() for w in measures.warnings]
+        if data.manifest is not None and data.manifest.warnings != warnings:
+            data.manifest.warnings = warnings
+            RunDirectory(data.path).write_json(MANIFEST_NAME, data.manifest.to_dict())

@@ -87,6 +87,10 @@ def note(text: str) -> Block:
     return Block("note", text=text)
 
 
+def warning(text: str) -> Block:
+    return Block("warning", text=text)
+
+
 def table(columns: list[str], rows: list[list[Any]], caption: str = "", highlight: list[bool] | None = None) -> Block:
     return Block("table", columns=columns, rows=[[fmt(v) for v in row] for row in rows], caption=caption,
                  highlight=highlight or [])
@@ -129,6 +133,9 @@ class VerdictSection(Section):
                   caption="Evidence: the rules that decided the verdict are highlighted", highlight=marks)]
         if d.also:
             out.insert(0, note(f"Also firing, lower in the decision order: {', '.join(d.also)}."))
+        many = len(ctx.summary.points) > 1
+        out[:0] = [warning(f"Client warning{f' at {p.label}' if many else ''}: {w.message}.")
+                   for p in ctx.summary.points for w in p.warnings]
         if len(ctx.points) > 1:
             out.append(table(["point", "verdict", "confidence"],
                              [[v.label, v.bottleneck, v.confidence] for v in ctx.point_verdicts],
@@ -323,7 +330,7 @@ class RunSection(Section):
                                           for n, p in m.probes.items())]]
             if m.error:
                 rows.append(["error", m.error])
-        out = [table(["", ""], rows)]
+        out = [table(["", ""], rows), workers_table(ctx)]
         stats = ctx.focus.locust_stats
         if stats is not None and len(stats):
             columns = [c for c in ("Type", "Name", "Request Count", "Failure Count", "Median Response Time",
@@ -331,6 +338,20 @@ class RunSection(Section):
             out.append(table(columns, stats[columns].values.tolist(), caption="Locust's own statistics "
                                                                               "(locust_stats.csv)"))
         return out
+
+
+def workers_table(ctx: ReportContext) -> Block:
+    """How hard each load worker process worked in the measured window (loadtests.client_health)."""
+    index = next((i for i, p in enumerate(ctx.points) if p is ctx.focus), len(ctx.points) - 1)
+    workers = ctx.summary.points[index].workers
+    if not workers:
+        return note("No load-worker health samples in the measured window (a run from before they were recorded, "
+                    "or one too short).")
+    rows = [[w.worker, w.num_samples, share(w.cpu_share_p50), share(w.cpu_share_max), ms(w.loop_lag_p50_s),
+             ms(w.loop_lag_p95_s), ms(w.loop_lag_max_s), w.chunks_per_s, w.requests_per_s] for w in workers]
+    return table(["worker", "samples", "CPU p50 (of a core)", "CPU max", "loop lag p50 ms", "loop lag p95 ms",
+                  "loop lag max ms", "chunks/s", "requests/s"], rows,
+                 caption="The load generator's own health: a busy or late worker reads the server's timing late")
 
 
 def prefix_cache_line(ctx: ReportContext) -> str:

@@ -118,6 +118,9 @@ def test_two_worker_processes_merge_into_one_set_of_stats(tmp_path) -> None:
         mine = rows[rows["worker"] == worker].sort_values("seq")
         assert list(mine["seq"]) == list(range(len(mine)))  # none of its requests missing
         assert list(mine["plan_index"]) == [(index + 2 * seq) % num_planned for seq in mine["seq"]]
+    # Each worker process sampled its own health.
+    workers = json.loads((out / "summary.json").read_text())["points"][0]["workers"]
+    assert sorted(w["worker"] for w in workers) == ["w0", "w1"] and all(w["num_samples"] >= 3 for w in workers)
 
 
 @pytest.mark.slow

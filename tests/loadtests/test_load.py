@@ -14,6 +14,7 @@ from loadtests.cli import main
 from loadtests.client_table import load_client_requests
 from loadtests.locust_runner import read_locust_stats
 from loadtests.server_process import ServerProcess
+from probes.loader import load_manifest
 from probes.run_dir import SUMMARY_NAME, RunDirectory
 from reports.summary import PointMeasures, RunSummary
 from tests.loadtests.conftest import FAST_LOAD
@@ -78,6 +79,11 @@ def test_chunk_arrival_times_are_per_chunk_not_per_stream(tmp_path) -> None:
         before_next += [got < nxt for got, nxt in zip(row.token_times, written[1:], strict=False)]
     # A gap of gap_s between writes: only a client stalled that long reads two chunks together.
     assert np.mean(before_next) >= 0.9
+    # The one worker sampled its own health through the run; the summary and run.json agree on its warnings.
+    point = measured(out)
+    (worker,) = point.workers
+    assert worker.worker == "w0" and worker.num_samples >= 3 and worker.chunks_per_s > 0
+    assert load_manifest(RunDirectory(out)).warnings == [w.to_dict() for w in point.warnings]
 
 
 def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_server: ServerProcess) -> None:

@@ -1,6 +1,10 @@
 """Client fidelity: servescope load and GuideLLM, one after the other, against ``guidellm mock-server``
 (truth: TTFT 100 ms, ITL 10 ms, 32 tokens). Run in an environment with both installed (``tox -e peers``):
 ``python tests/peers/fidelity.py DIR 16,64 1,2 20`` (concurrencies, servescope worker processes, seconds).
+
+Beside each client's figures: the mock server's own CPU (its busiest second-long windows' median, as
+a share of one core: a mock server that is saturated no longer keeps its promised timing) and, for
+servescope, its load workers' own health (summary.json's ``workers``: CPU and event-loop lag).
 """
 
 import json
@@ -9,9 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 from engine.weights import load_model
 from probes.run_dir import SUMMARY_NAME, RunDirectory
@@ -34,6 +41,48 @@ if not tok.exists():
 mock = subprocess.Popen([PEERS / "guidellm", "mock-server", "--host", "127.0.0.1", "--port", str(port), "--model", "dummy:tiny",
                          "--ttft-ms", "100", "--itl-ms", "10", "--output-tokens", "32"],
                         stdout=(work / "mock.log").open("w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+
+class CpuWatch:
+    """Samples a process tree's CPU share of one core every second on a thread, while a client runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.shares: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for p in [self.root, *self.root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        last_t, last_cpu = time.monotonic(), self._cpu()
+        while not self._stop.wait(1.0):
+            now, cpu = time.monotonic(), self._cpu()
+            self.shares.append((cpu - last_cpu) / (now - last_t))
+            last_t, last_cpu = now, cpu
+
+    def __enter__(self) -> "CpuWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy_median(self) -> float:
+        """The median of the busier half of the seconds sampled (the run, not its start-up and tail)."""
+        busy = sorted(self.shares)[len(self.shares) // 2:]
+        return busy[len(busy) // 2] if busy else float("nan")
+
+
 env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 try:
     for _ in range(120):
@@ -46,16 +95,20 @@ try:
     for c in conc:
         for p in procs:
             out = work / f"ss-c{c}-p{p}"
-            subprocess.run([SS / "servescope", "load", "--target", url, "--served-model", "dummy:tiny", "--tokenizer", "dummy:tiny",
-                            "--users", str(c), "--duration", str(dur), "--warmup", "3", "--workload", "fixed",
-                            "--max-tokens", "32", "--no-ignore-eos", "--processes", str(p), "--out", str(out)],
-                           check=True, env=env, stdout=(work / f"ss-c{c}-p{p}.log").open("w"), stderr=subprocess.STDOUT, timeout=600)  # noqa: SIM115
+            with CpuWatch(mock.pid) as watch:
+                subprocess.run([SS / "servescope", "load", "--target", url, "--served-model", "dummy:tiny", "--tokenizer", "dummy:tiny",
+                                "--users", str(c), "--duration", str(dur), "--warmup", "3", "--workload", "fixed",
+                                "--max-tokens", "32", "--no-ignore-eos", "--processes", str(p), "--out", str(out)],
+                               check=True, env=env, stdout=(work / f"ss-c{c}-p{p}.log").open("w"), stderr=subprocess.STDOUT, timeout=600)  # noqa: SIM115
             # The measures servescope itself reports for the point (reports.measures.client_measures).
             (point,) = RunDirectory(out).load(SUMMARY_NAME, RunSummary).points
             cm = point.client
+            own = "; ".join(f"{w.worker} CPU {w.cpu_share_p50:.0%}, loop lag p95 {1000 * w.loop_lag_p95_s:.1f} ms"
+                            for w in point.workers)
             rows.append((f"servescope load --processes {p}", c, cm.request_throughput,
                          1000 * cm.ttft_s["p50"], 1000 * cm.ttft_s["p99"], 1000 * cm.itl_s["p50"],
-                         1000 * cm.itl_s["p99"], cm.num_ok))
+                         1000 * cm.itl_s["p99"], cm.num_ok, watch.busy_median(),
+                         f"{own}; warnings: {[w.kind for w in point.warnings]}"))
             print(rows[-1], flush=True)
         g = work / f"gl-c{c}"
         g.mkdir(exist_ok=True)
@@ -67,8 +120,9 @@ try:
             "constraints": [{"kind": "max_duration", "seconds": dur + 3}],
             "outputs": [{"kind": "json", "path": str(g / "out.json")}]}}
         (g / "scenario.json").write_text(json.dumps(scenario))
-        subprocess.run([PEERS / "guidellm", "run", "--scenario", str(g / "scenario.json"), "--disable-console-interactive"],
-                       check=True, env=env, cwd=g, stdout=(g / "log").open("w"), stderr=subprocess.STDOUT, timeout=600)  # noqa: SIM115
+        with CpuWatch(mock.pid) as watch:
+            subprocess.run([PEERS / "guidellm", "run", "--scenario", str(g / "scenario.json"), "--disable-console-interactive"],
+                           check=True, env=env, cwd=g, stdout=(g / "log").open("w"), stderr=subprocess.STDOUT, timeout=600)  # noqa: SIM115
         (b,) = json.loads((g / "out.json").read_text())["benchmarks"]
         mt = b["metrics"]
         def pct(name, q, mt=mt):
@@ -77,10 +131,11 @@ try:
         rows.append(("GuideLLM 0.8.1", c, mt["requests_per_second"]["successful"]["mean"],
                      pct("time_to_first_token_ms", "median"), pct("time_to_first_token_ms", "p99"),
                      pct("inter_token_latency_ms", "median"), pct("inter_token_latency_ms", "p99"),
-                     mt["request_totals"]["successful"]))
+                     mt["request_totals"]["successful"], watch.busy_median(), ""))
         print(rows[-1], flush=True)
-    print("| client | concurrency | req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | requests |")
+    print("| client | concurrency | req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | requests | mock server CPU | client |")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.0f} / {r[4]:.0f} | {r[5]:.1f} / {r[6]:.1f} | {r[7]} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.0f} / {r[4]:.0f} | {r[5]:.1f} / {r[6]:.1f} | {r[7]} "
+              f"| {r[8]:.0%} | {r[9]} |")
 finally:
     mock.kill()

@@ -5,13 +5,19 @@ from __future__ import annotations
 import re
 import shutil
 
+import numpy as np
+import pandas as pd
 from rich.console import Console
 
+from loadtests.client_table import load_client_requests
 from loadtests.progress import SUMMARY_COLUMNS, summary_table
 from loadtests.summary import write_summary
-from probes.run_dir import SUMMARY_NAME, RunDirectory
+from probes.loader import load_manifest
+from probes.run_dir import CLIENT_HEALTH_TABLE, SUMMARY_NAME, RunDirectory
+from probes.schemas import CLIENT_HEALTH
+from reports.dataset import RunDataset
 from reports.diagnosis import read_diagnosis
-from reports.summary import RunSummary
+from reports.summary import OpenLoopMeasures, RunSummary, client_warnings
 
 
 def _console_row(summary: RunSummary, label: str) -> dict[str, str]:
@@ -56,3 +62,56 @@ def test_console_summary_and_report_show_the_same_batch_and_percentiles(scenario
     assert saved is not None and saved.points[0].server.mean_batch == point.server.mean_batch
     assert read_diagnosis(run).metrics["server"]["mean_batch"] == point.server.mean_batch
     assert console["ok/fail"] == f"{point.client.num_ok}/{point.client.num_failed}"
+
+
+def _with_health(source, tmp_path, lag_s: float, cpu_share: float):
+    """A copy of a real client run with its one worker's health samples, every 0.2 s over the run."""
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    rows = load_client_requests(run)
+    worker = rows["worker"].iloc[0]
+    times = np.arange(rows["send_time"].min(), rows["end_time"].max(), 0.2)
+    frame = pd.DataFrame({"worker": worker, "time": times, "loop_lag_s": lag_s, "cpu_share": cpu_share})
+    RunDirectory(run).write_frame(CLIENT_HEALTH_TABLE, frame, CLIENT_HEALTH)
+    return run, rows, worker
+
+
+def test_a_busy_lagging_client_is_warned_of_in_summary_run_json_and_report(external_dir, tmp_path) -> None:
+    run, rows, worker = _with_health(external_dir("client-cap"), tmp_path, lag_s=0.03, cpu_share=0.97)
+    written = write_summary(run)
+    (point,) = written.measures.points
+    (health,) = point.workers
+    assert health.worker == worker and health.cpu_share_p50 == 0.97 and health.loop_lag_p95_s == 0.03
+    # What the worker received in the measured window, from its own client rows.
+    start, end = RunDataset.load(run).window
+    measured = rows[~rows["is_warmup"] & (rows["worker"] == worker)]
+    tokens = np.concatenate(list(measured["token_times"]))
+    assert health.chunks_per_s == (((tokens >= start) & (tokens <= end)).sum()) / (end - start)
+    assert {w.kind for w in point.warnings} == {"client_cpu", "client_ceiling"}
+    assert [w["kind"] for w in load_manifest(RunDirectory(run)).warnings] == [w.kind for w in point.warnings]
+    html = (run / "report.html").read_text(encoding="utf-8")
+    assert html.count('class="warning"') == 2 and "30 ms late at p95" in html and "97% of a CPU core" in html
+    saved = RunDirectory(run).load(SUMMARY_NAME, RunSummary)
+    assert saved is not None and saved.points[0].warnings == point.warnings
+
+
+def test_a_client_with_headroom_gets_no_warning_and_clears_an_old_mark(external_dir, tmp_path) -> None:
+    run, _, _ = _with_health(external_dir("client-cap"), tmp_path, lag_s=0.03, cpu_share=0.97)
+    write_summary(run)
+    assert load_manifest(RunDirectory(run)).warnings
+    _with_health(external_dir("client-cap"), tmp_path / "again", lag_s=0.001, cpu_share=0.3)
+    shutil.copy(tmp_path / "again" / "run" / f"{CLIENT_HEALTH_TABLE}.parquet", run)
+    (point,) = write_summary(run).measures.points
+    assert point.workers and point.workers[0].cpu_share_p50 == 0.3 and point.warnings == []
+    assert load_manifest(RunDirectory(run)).warnings == []
+    assert 'class="warning"' not in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_open_loop_sends_behind_schedule_are_warned_of() -> None:
+    def lagging(p95_s: float) -> OpenLoopMeasures:
+        return OpenLoopMeasures(offered_rate_per_s=50.0, achieved_send_rate_per_s=40.0,
+                                send_lag_s={"p50": p95_s / 2, "p95": p95_s, "max": p95_s})
+
+    assert client_warnings([], lagging(0.049), 1) == []
+    (warning,) = client_warnings([], lagging(0.08), 1)
+    assert warning.kind == "open_loop_lag" and warning.value == 0.08 and "80 ms late at p95" in warning.message
