@@ -2,6 +2,14 @@
 same ``servescope serve --model smollm2-135m``, the same lengths and concurrency: the two clients'
 TTFT and ITL medians and output tokens/s agree within ``TOLERANCE``.
 
+NOTE: GuideLLM's ``inter_token_latency_ms`` is a per-request mean, (last token - first token) /
+(output tokens - 1) (guidellm/schemas/base/request_stats.py), which is what servescope calls TPOT; so
+its median is compared with servescope's TPOT median. servescope's ITL (every gap between chunks) is
+printed beside it: with streams' prefills landing between decode steps its median is shorter.
+With 4 streams in near lockstep the per-request ITL is bimodal (a request whose prefill waited decodes
+faster after it), so its median moves by several ms between two runs of one client; its mean, the
+end-to-end median and TTFT median are what are held to ``TOLERANCE``; both ITL medians are printed.
+
 Run with ``tox -e peers`` (about 3 minutes on 2 cores). Each side's figures come from its own output
 (servescope's ``summary.json``, GuideLLM's JSON); both are printed, for README.
 """
@@ -28,7 +36,7 @@ MODEL = "smollm2-135m"
 CONCURRENCY = 4
 PROMPT_TOKENS = 128  # the fixed workload's prompt length
 OUTPUT_TOKENS = 32
-DURATION_S = 30
+DURATION_S = 60
 WARMUP_S = 5
 TOLERANCE = 0.10
 RUN_TIMEOUT_S = 600
@@ -44,7 +52,7 @@ def _tool(name: str) -> str:
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServeProcess]:
     # NOTE: no prefix caching: servescope's plan wraps around and resends its prompts, GuideLLM's never repeat.
-    process = ServeProcess("--model", MODEL, "--no-prefix-caching")
+    process = ServeProcess("--model", MODEL, "--execution", "optimized", "--no-prefix-caching")
     yield process
     process.stop()
 
@@ -65,8 +73,11 @@ def _servescope(url: str, tmp_path: Path) -> dict[str, float]:
     (point,) = summary.points
     c = point.client
     assert c is not None and c.num_failed == 0 and c.num_ok > 0
-    return {"ttft_p50_ms": 1000 * c.ttft_s["p50"], "itl_p50_ms": 1000 * c.itl_s["p50"],
-            "output_tok_s": c.output_throughput, "requests": c.num_ok}
+    return {"ttft_p50_ms": 1000 * c.ttft_s["p50"], "itl_p50_ms": 1000 * c.tpot_s["p50"],
+            "itl_mean_ms": 1000 * c.tpot_s["mean"], "e2e_p50_ms": 1000 * c.e2e_s["p50"],
+            "chunk_gap_p50_ms": 1000 * c.itl_s["p50"],
+            "output_tok_s": c.output_throughput, "requests": c.num_ok,
+            "prompt_tokens": float(PROMPT_TOKENS)}
 
 
 def _guidellm(url: str, tmp_path: Path) -> dict[str, float]:
@@ -88,17 +99,20 @@ def _guidellm(url: str, tmp_path: Path) -> dict[str, float]:
     assert m["request_totals"]["errored"] == 0 and m["request_totals"]["successful"] > 0
     return {"ttft_p50_ms": m["time_to_first_token_ms"]["successful"]["median"],
             "itl_p50_ms": m["inter_token_latency_ms"]["successful"]["median"],
+            "itl_mean_ms": m["inter_token_latency_ms"]["successful"]["mean"],
+            "e2e_p50_ms": 1000 * m["request_latency"]["successful"]["median"],
             "output_tok_s": m["output_tokens_per_second"]["successful"]["mean"],
-            "requests": m["request_totals"]["successful"]}
+            "requests": m["request_totals"]["successful"],
+            "prompt_tokens": m["prompt_token_count"]["successful"]["mean"]}
 
 
 def test_servescope_and_guidellm_agree_on_the_same_server(server: ServeProcess, tmp_path: Path) -> None:
     ours = _servescope(server.url, tmp_path)  # first: its warm-up also warms the server for GuideLLM
     theirs = _guidellm(server.url, tmp_path)
-    print(f"\n| client | requests | TTFT p50 ms | ITL p50 ms | output tok/s |\n"
-          f"| servescope load | {ours['requests']} | {ours['ttft_p50_ms']:.1f} | {ours['itl_p50_ms']:.1f} "
-          f"| {ours['output_tok_s']:.1f} |\n"
-          f"| GuideLLM 0.8.1 | {theirs['requests']} | {theirs['ttft_p50_ms']:.1f} | {theirs['itl_p50_ms']:.1f} "
-          f"| {theirs['output_tok_s']:.1f} |")
-    for name in ("ttft_p50_ms", "itl_p50_ms", "output_tok_s"):
+    print("\n| client | requests | TTFT p50 ms | E2E p50 ms | per-request ITL p50 / mean ms | output tok/s |")
+    for name, r in (("servescope load", ours), ("GuideLLM 0.8.1", theirs)):
+        print(f"| {name} | {r['requests']} | {r['ttft_p50_ms']:.1f} | {r['e2e_p50_ms']:.1f} | {r['itl_p50_ms']:.1f} / "
+              f"{r['itl_mean_ms']:.1f} | {r['output_tok_s']:.1f} |")
+    print(f"servescope's chunk-gap ITL p50: {ours['chunk_gap_p50_ms']:.1f} ms")
+    for name in ("ttft_p50_ms", "e2e_p50_ms", "itl_mean_ms", "output_tok_s"):
         assert ours[name] == pytest.approx(theirs[name], rel=TOLERANCE), (name, ours, theirs)
