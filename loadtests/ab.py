@@ -93,10 +93,13 @@ class Worker:
         self.process = subprocess.Popen([sys.executable, "-P", str(WORKER)], cwd=spec.tree, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def call(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(message) + "\n")
         self.process.stdin.flush()
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
+        assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
         line = self.process.stdout.readline() if ready else ""
         if not line:
@@ -106,6 +109,10 @@ class Worker:
         if "error" in reply:
             raise WorkerError(f"{self.spec.label}: {reply['error']}")
         return reply
+
+    def call(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(message)
+        return self.receive(timeout_s)
 
     def close(self) -> None:
         if self.process.stdin:
@@ -117,18 +124,18 @@ class Worker:
             self.process.wait()
 
 
-def _start(spec: SideSpec) -> tuple[Worker, dict[str, Any]]:
-    worker = Worker(spec)
-    try:
-        hello = worker.call({"op": "start", "flags": spec.flags}, START_TIMEOUT_S)
-    except BaseException:
-        worker.close()
-        raise
-    engine_file = Path(hello["engine_file"]).resolve()
-    if not engine_file.is_relative_to(spec.tree.resolve()):
-        worker.close()
-        raise WorkerError(f"{spec.label}: imported engine from {engine_file}, not from {spec.tree}")
-    return worker, hello["config"]
+def _start(workers: dict[str, Worker]) -> dict[str, dict[str, Any]]:
+    """Build every side's engine at once (model loads overlap); each side's config."""
+    for worker in workers.values():
+        worker.send({"op": "start", "flags": worker.spec.flags})
+    configs = {}
+    for name, worker in workers.items():
+        hello = worker.receive(START_TIMEOUT_S)
+        engine_file = Path(hello["engine_file"]).resolve()
+        if not engine_file.is_relative_to(worker.spec.tree.resolve()):
+            raise WorkerError(f"{worker.spec.label}: imported engine from {engine_file}, not from {worker.spec.tree}")
+        configs[name] = hello["config"]
+    return configs
 
 
 def run_ab(base: SideSpec, candidate: SideSpec, *, workload: str = "mixed", num_prompts: int = 16,
@@ -148,7 +155,9 @@ def run_ab(base: SideSpec, candidate: SideSpec, *, workload: str = "mixed", num_
     workers: dict[str, Worker] = {}
     try:
         for name, spec in (("base", base), ("candidate", candidate)):
-            workers[name], records[name].config = _start(spec)
+            workers[name] = Worker(spec)
+        for name, config in _start(workers).items():
+            records[name].config = config
         for r in range(-warmup_rounds, rounds):
             items = [[i.prompt_token_ids, i.max_tokens]
                      for i in plan.items(num_prompts, tokenizer, seed + r + warmup_rounds)]

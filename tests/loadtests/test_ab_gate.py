@@ -55,10 +55,10 @@ def test_a_short_real_ab_run_names_the_batching_layer(tmp_path: Path, capsys: py
     round (a count, not a time) grow about fourfold and the breakdown names batching, however noisy the
     machine; the verdict and its exit status must agree with the interval it prints."""
     out = tmp_path / "ab"
-    flags = "--model dummy:tiny --num-threads 1 --max-model-len 128"
+    flags = "--model dummy:tiny --num-threads 1 --max-model-len 256"
     code = main(["gate", "--ab", "--base", f"{flags} --max-num-seqs 4", "--candidate", f"{flags} --max-num-seqs 1",
                  "--rounds", "6", "--warmup-rounds", "1", "--workload", "fixed", "--num-prompts", "4",
-                 "--concurrency", "4", "--max-tokens", "8", "--out", str(out)])
+                 "--concurrency", "4", "--max-tokens", "4", "--out", str(out)])
     printed = capsys.readouterr().out
     record = json.loads((out / "ab.json").read_text())
     verdict = record["verdict"]

@@ -7,7 +7,8 @@ must be named batching. Runs alternate slowed and unchanged so the machine's loa
 
 Sizes come from the environment, so the runs can be split into chunks of a few minutes:
 ``SERVESCOPE_GATE_SLOWED_RUNS`` (default 10), ``SERVESCOPE_GATE_UNCHANGED_RUNS`` (default 20);
-``SERVESCOPE_GATE_LOG=FILE`` appends one JSON line per run.
+``SERVESCOPE_GATE_LOG=FILE`` appends one JSON line per run; ``SERVESCOPE_GATE_CLOCK=cpu`` decides on
+the sides' CPU time instead of wall time (each run also logs the other clock's verdict on the same rounds).
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
+from reports.ab_stats import estimate_slowdown
 
 pytestmark = pytest.mark.gate
 
 BASE = "--model dummy:tiny --num-threads 1"
 ROUNDS = 20
+CLOCK = os.environ.get("SERVESCOPE_GATE_CLOCK", "wall")
+OTHER_CLOCK = {"wall": "cpu", "cpu": "wall"}[CLOCK]
 
 
 def _gate(out: Path, base: str, candidate: str) -> tuple[int, dict, float]:
     start = time.perf_counter()
     code = main(["gate", "--ab", "--base", base, "--candidate", candidate, "--rounds", str(ROUNDS),
-                 "--out", str(out)])
+                 "--clock", CLOCK, "--out", str(out)])
     elapsed = time.perf_counter() - start
     assert code in (0, 1), f"gate exited {code}"
     return code, json.loads((out / "ab.json").read_text()), elapsed
@@ -39,15 +43,19 @@ def _gate(out: Path, base: str, candidate: str) -> tuple[int, dict, float]:
 
 def _log(kind: str, candidate: str, code: int, record: dict, elapsed: float) -> dict:
     verdict = record["verdict"]
-    row = {"kind": kind, "candidate": candidate, "exit": code, "wall_s": round(elapsed, 1),
+    # NOTE: the same rounds timed by the other clock, for comparison only; the exit status is CLOCK's.
+    other = estimate_slowdown(record[f"{OTHER_CLOCK}_ratios"], verdict["slowdown"]["threshold"])
+    row = {"kind": kind, "candidate": candidate, "clock": CLOCK, "exit": code, "wall_s": round(elapsed, 1),
            "slowdown": verdict["slowdown"], "layer": verdict["layer"], "phase": verdict["phase"],
+           f"{OTHER_CLOCK}_slowdown": other.to_dict(), f"{OTHER_CLOCK}_exit": int(other.is_regression),
            "base_step_ms": verdict["base"]["step_ms"], "base_round_s": verdict["base"]["round_s"]}
     if os.environ.get("SERVESCOPE_GATE_LOG"):
         with open(os.environ["SERVESCOPE_GATE_LOG"], "a") as log:
             log.write(json.dumps(row) + "\n")
     s = verdict["slowdown"]
     print(f"{kind:9s} exit {code}  {s['estimate']:+.1%} [{s['low']:+.1%} .. {s['high']:+.1%}]  "
-          f"layer {verdict['layer']}/{verdict['phase']}  {elapsed:.0f} s", flush=True)
+          f"layer {verdict['layer']}/{verdict['phase']}  ({OTHER_CLOCK} clock: {other.estimate:+.1%} "
+          f"[{other.low:+.1%} .. {other.high:+.1%}])  {elapsed:.0f} s", flush=True)
     return row
 
 
