@@ -19,11 +19,15 @@ import shlex
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadtests.workloads import WORKLOADS
 from reports.ab_gate import DEFAULT_THRESHOLD
 from reports.ab_stats import DEFAULT_CONFIDENCE, min_samples
+
+if TYPE_CHECKING:
+    from loadtests.ab import ABRun, SideSpec
+    from reports.ab_gate import ABVerdict
 
 NO_REF = ""  # ``--ab`` given without a ref: two configurations of one build
 
@@ -61,7 +65,7 @@ def _floors_gate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _ab_sides(args: argparse.Namespace, stack: ExitStack) -> tuple[Any, Any]:
+def _ab_sides(args: argparse.Namespace, stack: ExitStack) -> tuple[SideSpec, SideSpec]:
     from loadtests.ab import SideSpec, engine_config_of, installed_tree, repo_root, tree_at_ref
 
     both = shlex.split(args.flags or "")
@@ -113,7 +117,7 @@ def _ab_gate(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
-def _write_ab(out: Path, run: Any, verdict: Any, clock: str) -> None:
+def _write_ab(out: Path, run: ABRun, verdict: ABVerdict, clock: str) -> None:
     """``ab.json`` (the verdict, per-round times, both configs) and each side's step table as Parquet."""
     out.mkdir(parents=True, exist_ok=True)
     record = {"verdict": verdict.to_dict(), "workload": run.workload, "clock": clock,

@@ -7,7 +7,7 @@ must be named batching. Runs alternate slowed and unchanged so the machine's loa
 
 Sizes come from the environment, so the runs can be split into chunks of a few minutes:
 ``SERVESCOPE_GATE_SLOWED_RUNS`` (default 10), ``SERVESCOPE_GATE_UNCHANGED_RUNS`` (default 20);
-``SERVESCOPE_GATE_LOG=FILE`` appends one JSON line per run; ``SERVESCOPE_GATE_CLOCK=cpu`` decides on
+``SERVESCOPE_GATE_ROUNDS`` (default 20) rounds per gate run; ``SERVESCOPE_GATE_LOG=FILE`` appends one JSON line per run; ``SERVESCOPE_GATE_CLOCK=cpu`` decides on
 the sides' CPU time instead of wall time (each run also logs the other clock's verdict on the same rounds).
 """
 
@@ -27,7 +27,7 @@ from reports.ab_stats import estimate_slowdown
 pytestmark = pytest.mark.gate
 
 BASE = "--model dummy:tiny --num-threads 1"
-ROUNDS = 20
+ROUNDS = int(os.environ.get("SERVESCOPE_GATE_ROUNDS", "20"))
 CLOCK = os.environ.get("SERVESCOPE_GATE_CLOCK", "wall")
 OTHER_CLOCK = {"wall": "cpu", "cpu": "wall"}[CLOCK]
 
