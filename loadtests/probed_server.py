@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -82,7 +83,8 @@ def time_execution_paths(engine: Any, run_dir: str) -> None:
     """
     config = engine.config
     try:
-        measure_for_run(run_dir, config.model, config.execution, config.dtype, config.device, config.num_threads)
+        measure_for_run(run_dir, config.model, config.execution, config.dtype, config.device, config.num_threads,
+                        settings=dataclasses.asdict(config))
     except Exception as exc:  # noqa: BLE001 - reported, and the verdict says the paths were not timed
         print(f"servescope: warning: timing the execution paths failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 

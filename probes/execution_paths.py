@@ -83,13 +83,16 @@ def decode_shape(steps: pd.DataFrame) -> tuple[int, int] | None:
 def measure_paths(model: str, batch: int, context: int, paths: tuple[str, ...] = ("eager", OPTIMIZED),
                   dtype: str = "float32", device: str = "cpu", num_threads: int | None = None,
                   num_steps: int = 8, run_path: str | None = None, seed: int = 0,
-                  target: Callable[[], float] | None = None) -> PathTiming:
+                  target: Callable[[], float] | None = None,
+                  settings: dict[str, Any] | None = None) -> PathTiming:
     """Time ``num_steps`` decode steps of ``batch`` sequences at ``context`` tokens on each of ``paths``.
 
     The optimized path is always among those timed. Each engine gets a KV pool just big enough for
     the batch, distinct prompts (no prefix-cache hits) and ``ignore_eos``; one decode step per path is
     a warm-up and not timed. ``target``, when given, returns the seconds of one decode step of the
     server under test (as its client sees it) and is timed in the same rounds, as path ``"target"``.
+    ``settings`` are engine settings every path shares (the run's own: its pool, its seats, its
+    host overhead); otherwise the engine's defaults, with room for the batch.
     """
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.weights import load_model
@@ -102,13 +105,17 @@ def measure_paths(model: str, batch: int, context: int, paths: tuple[str, ...] =
     loaded = load_model(source, probe.torch_dtype, seed)
     context = min(context, loaded.config.max_position_embeddings - num_steps - 4)
     max_tokens = num_steps + 3  # the prefill's token, one warm-up step, the timed steps, one spare
-    block_size = 16
+    shared = {"enable_prefix_caching": False, **(settings or {})}
+    block_size = shared.setdefault("block_size", 16)
     blocks_per_seq = math.ceil((context + max_tokens) / block_size) + 1
-    engines = {path: LLMEngine(EngineConfig(
-        model=source, dtype=dtype, device=device, num_threads=num_threads, execution=path, seed=seed,
-        max_num_seqs=batch, max_num_batched_tokens=max(batch * context, 256), block_size=block_size,
-        num_kv_blocks=batch * blocks_per_seq, max_model_len=blocks_per_seq * block_size,
-        enable_prefix_caching=False), loaded) for path in paths}
+    # NOTE: room for the batch whatever the run had: no step of the measurement may queue or preempt.
+    shared["max_num_seqs"] = max(shared.get("max_num_seqs") or 0, batch)
+    if shared.get("num_kv_blocks") is not None:
+        shared["num_kv_blocks"] = max(shared["num_kv_blocks"], batch * blocks_per_seq)
+    if shared.get("max_model_len") is not None:
+        shared["max_model_len"] = max(shared["max_model_len"], blocks_per_seq * block_size)
+    engines = {path: LLMEngine(EngineConfig(model=source, dtype=dtype, device=device, num_threads=num_threads,
+                                            execution=path, seed=seed, **shared), loaded) for path in paths}
     vocab = loaded.config.vocab_size
     for path, engine in engines.items():
         for i in range(batch):
@@ -135,11 +142,18 @@ def measure_paths(model: str, batch: int, context: int, paths: tuple[str, ...] =
                               f"{source} weights" + (f", {num_threads} threads" if num_threads else "")))
 
 
+# The engine settings a path comparison keeps from the run (all but the path, the model and the device).
+RUN_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
+                "kv_layout", "enable_chunked_prefill", "attention_backend", "host_overhead_ms")
+
+
 def measure_for_run(run_dir: Any, model: str, execution: str, dtype: str = "float32", device: str = "cpu",
-                    num_threads: int | None = None, num_steps: int = 8) -> PathTiming | None:
+                    num_threads: int | None = None, num_steps: int = 8,
+                    settings: dict[str, Any] | None = None) -> PathTiming | None:
     """The run's own path against the optimized one on its median decode batch, saved as ``execution_paths.json``.
 
-    None (and nothing written) when the run has no decode step to take a shape from.
+    ``settings`` are the run's engine settings (see :data:`RUN_SETTINGS`), kept on both paths. None
+    (and nothing written) when the run has no decode step to take a shape from.
     """
     from probes.loader import load_run
     from probes.run_dir import RunDirectory
@@ -149,7 +163,8 @@ def measure_for_run(run_dir: Any, model: str, execution: str, dtype: str = "floa
     shape = decode_shape(frames["steps"]) if "steps" in frames else None
     if shape is None:
         return None
+    kept = {name: value for name, value in (settings or {}).items() if name in RUN_SETTINGS}
     timing = measure_paths(model, *shape, paths=(execution, OPTIMIZED), dtype=dtype, device=device,
-                           num_threads=num_threads, num_steps=num_steps, run_path=execution)
+                           num_threads=num_threads, num_steps=num_steps, run_path=execution, settings=kept)
     directory.save(EXECUTION_PATHS_NAME, timing)
     return timing

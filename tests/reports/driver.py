@@ -145,7 +145,8 @@ def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: st
     if time_paths and kind == "continuous":
         config = built.config
         if not external:
-            measure_for_run(out, config.model, config.execution, config.dtype, "cpu", config.num_threads)
+            measure_for_run(out, config.model, config.execution, config.dtype, "cpu", config.num_threads,
+                            settings=dict(engine or {}))
         measure_reference(out, config.model, lambda batch, context: engine_step(built, batch, context),
                           num_threads=config.num_threads)
     return out

@@ -49,3 +49,14 @@ def test_the_outside_execution_evidence_is_timed_in_turns(agreement_dir) -> None
     assert set(reference["step_s"]) == {"optimized", "target"} and reference["num_steps"] >= 3
     assert reference["step_s"]["target"] > reference["step_s"]["optimized"]
     assert "would remove" in outside.summary
+
+
+@pytest.mark.slow
+def test_eager_is_execution_and_says_what_the_optimized_path_removes(agreement_dir) -> None:
+    """The same load on the eager and on the optimized path of one model: only eager is held by execution."""
+    eager, optimized = diagnose(agreement_dir("eager")), diagnose(agreement_dir("optimized"))
+    assert eager.bottleneck == "execution" and "optimized_path_removes" in eager.deciding
+    removed = next(e for e in eager.evidence if e.name == "optimized_path_removes")
+    assert removed.value >= 0.3 and "would remove" in eager.summary and f"{removed.value:.0%}" in eager.summary
+    assert optimized.bottleneck != "execution"
+    assert next(e for e in optimized.evidence if e.name == "optimized_path_removes").value == 0.0
