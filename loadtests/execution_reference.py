@@ -37,7 +37,7 @@ def is_local(url: str) -> bool:
 
 
 def measure_reference(run_dir: Path, model: str | None, target_step: TargetStep, num_threads: int | None = None,
-                      num_steps: int = 8) -> PathTiming | None:
+                      num_steps: int = 12) -> PathTiming | None:
     """Time the target and the optimized path in turns for the point in ``run_dir``; None when it cannot be known.
 
     ``target_step(batch, context)`` returns a callable that times one decode step of the target
@@ -91,7 +91,7 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
                 gaps = [g for result in pool.map(lambda _: stream(client), range(batch)) for g in result]
             if not gaps:
                 raise ValueError(f"{url} streamed fewer than 3 tokens per request; its decode step cannot be timed")
-            return statistics.median(gaps)
+            return statistics.median(gaps)  # one round's step; the rounds' best is taken by measure_paths
 
         return one_round
 
