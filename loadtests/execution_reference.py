@@ -87,7 +87,7 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
             return [b - a for a, b in zip(times[1:], times[2:], strict=False)]  # after the first decode step
 
         def one_round() -> float:
-            with httpx.Client(timeout=60.0) as client, ThreadPoolExecutor(batch) as pool:
+            with httpx.Client(timeout=10.0) as client, ThreadPoolExecutor(batch) as pool:
                 gaps = [g for result in pool.map(lambda _: stream(client), range(batch)) for g in result]
             if not gaps:
                 raise ValueError(f"{url} streamed fewer than 3 tokens per request; its decode step cannot be timed")
