@@ -10,6 +10,7 @@ reach here. It is timed after the load, with nothing of ours running, into ``exe
 from __future__ import annotations
 
 import ipaddress
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -63,10 +64,11 @@ def measure_reference(run_dir: Path, model: str | None, target_step: TargetStep,
 
 def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eos: bool = True,
                      num_tokens: int = 8) -> TargetStep:
-    """Time a target over HTTP: ``batch`` concurrent streams of ``num_tokens`` tokens; one step = their median gap.
+    """Time a target over HTTP: ``batch`` concurrent streams of ``num_tokens`` tokens; one step = their median
+    time per output token after the first (from the usage count, as a server may merge tokens into one chunk).
 
-    NOTE: the prompt is ``context`` repeated words, about a token each; the gaps after the first
-    token are decode steps whatever the prompt's exact length.
+    NOTE: the prompt is ``context`` repeated words, about a token each on a BPE vocabulary; the steps
+    after the first token are decode steps whatever the prompt's exact length.
     """
     import httpx
 
@@ -77,21 +79,33 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
     def make(batch: int, context: int) -> Callable[[], float]:
         body = request_body(model, "completions", " ".join(["hello"] * context), num_tokens, ignore_eos)
 
-        def stream(client: httpx.Client) -> list[float]:
-            times: list[float] = []
+        def stream(client: httpx.Client) -> float | None:
+            """One request's time per output token after the first: (finish - first chunk) / (tokens - 1)."""
+            first = finish = None
+            num_tokens_out = 0
             with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():
-                    if line.startswith("data:") and '"text"' in line:
-                        times.append(time.perf_counter())
-            return [b - a for a, b in zip(times[1:], times[2:], strict=False)]  # after the first decode step
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    now = time.perf_counter()
+                    for choice in chunk.get("choices") or []:
+                        first = first if first is not None else now
+                        if choice.get("finish_reason"):
+                            finish = now
+                    num_tokens_out = (chunk.get("usage") or {}).get("completion_tokens") or num_tokens_out
+            if first is None or finish is None or num_tokens_out < 3:
+                return None
+            return (finish - first) / (num_tokens_out - 1)
 
         def one_round() -> float:
             with httpx.Client(timeout=10.0) as client, ThreadPoolExecutor(batch) as pool:
-                gaps = [g for result in pool.map(lambda _: stream(client), range(batch)) for g in result]
-            if not gaps:
-                raise ValueError(f"{url} streamed fewer than 3 tokens per request; its decode step cannot be timed")
-            return statistics.median(gaps)  # one round's step; the rounds' best is taken by measure_paths
+                steps = [step for step in pool.map(lambda _: stream(client), range(batch)) if step is not None]
+            if not steps:
+                raise ValueError(f"{url} streamed no request with usage and 3 or more tokens; its decode step "
+                                 f"cannot be timed")
+            return statistics.median(steps)
 
         return one_round
 

@@ -5,7 +5,7 @@ and preemption counter tell the two apart, and a sweep shows whether more users 
 throughput. A queue gauge is read between steps, so a request that arrived during a step shows as
 waiting until the next one admits it: a queue counts only when it is sustained (in many scrapes)
 and deep (a real share of the requests at the server). Execution has no step timer from outside;
-it is told from the gap between the server's tokens against servescope's own optimized path,
+it is told from the server's time per output token against servescope's own optimized path,
 timed in turns on the same model and batch on this machine (``execution_reference.json``), when
 the model is known.
 """
@@ -218,7 +218,7 @@ class SlowerThanOptimized(Rule):
     name = "slower_than_optimized"
     bottleneck = "execution"
     threshold = PATH_SHARE
-    why = ("The gap between tokens is the server's decode step as its clients feel it. After the load, the server "
+    why = ("Time per output token is the server's decode step as its clients feel it. After the load, the server "
            "(streams of the batch the client saw decoding) and servescope's optimized path on the same model were "
            "timed in turns on this machine, so a busy machine slows both alike: when the optimized path needs at "
            "least 30% less time per step, the server's execution (its kernels, its host work between them) holds "
@@ -234,7 +234,7 @@ class SlowerThanOptimized(Rule):
         ref = facts.execution_reference
         if ref is None or TARGET not in ref.step_s:
             return "no reference: the served model or the target's machine is not one servescope can time"
-        return (f"the server's decode step took {ref.step_s[TARGET] * 1000:.2f} ms (median gap between tokens of "
+        return (f"the server's decode step took {ref.step_s[TARGET] * 1000:.2f} ms (time per token after the first, "
                 f"{ref.batch} streams of {ref.context} tokens) and servescope's optimized path "
                 f"{ref.optimized_s * 1000:.2f} ms on {ref.model}, timed in turns after the load: it would remove "
                 f"{pct(value)} of the step")
