@@ -32,15 +32,20 @@ from loadtests.client_health import health_path
 from loadtests.load_context import worker_name
 from loadtests.records import LineFile, journal_path
 from loadtests.relay import DONE_MESSAGE, HEALTH, PLAN_MESSAGE, REQUESTS, ROWS_MESSAGE, encode_plan
-from probes.run_dir import WORKERS_NAME, LoadWorker, RunDirectory, WorkerRoster
+from probes.run_dir import (
+    LOST_CUT_OFF,
+    LOST_LEFT_EARLY,
+    LOST_MISSED_HEARTBEATS,
+    WORKERS_NAME,
+    LoadWorker,
+    RunDirectory,
+    WorkerRoster,
+)
 
 logger = logging.getLogger(__name__)
 
 # Seconds between looks at the workers' heartbeat state.
 LOST_CHECK_INTERVAL_S = 1.0
-MISSED_HEARTBEATS = "stopped answering the master's heartbeats"
-LEFT_EARLY = "left the master before it was done"
-CUT_OFF = "had not sent all its rows when the master stopped"
 
 
 class WorkerCollector:
@@ -87,7 +92,7 @@ class WorkerCollector:
             self._watcher = None
         for worker in self.roster.workers:
             if not worker.is_done and worker.lost is None:
-                worker.lost = CUT_OFF
+                worker.lost = LOST_CUT_OFF
         self._write_roster()
         self.close_files()
 
@@ -144,7 +149,7 @@ class WorkerCollector:
                 continue
             client = self.runner.clients.get(worker.node)
             if client is None or client.state == STATE_MISSING:
-                worker.lost = LEFT_EARLY if client is None else MISSED_HEARTBEATS
+                worker.lost = LOST_LEFT_EARLY if client is None else LOST_MISSED_HEARTBEATS
                 logger.warning("servescope: worker %s (%s) %s; %d of its requests recorded, %d in flight unrecorded",
                                worker.worker, worker.node, worker.lost, worker.num_rows, worker.num_unrecorded)
                 changed = True
@@ -179,7 +184,7 @@ class WorkerCollector:
         if worker is None:
             logger.warning("servescope: rows from %s (%s), which is not taking part in the test; dropped", name, node)
             return None
-        if worker.lost == MISSED_HEARTBEATS:
+        if worker.lost == LOST_MISSED_HEARTBEATS:
             logger.warning("servescope: worker %s is heard again; it was not lost", worker.worker)
             worker.lost = None
         return worker

@@ -81,6 +81,12 @@ class JsonRecord(Protocol):
     def from_dict(cls: type[R], data: dict[str, Any]) -> R: ...
 
 
+# Why a worker dropped out of a run before it was done (LoadWorker.lost).
+LOST_MISSED_HEARTBEATS = "stopped answering the master's heartbeats"
+LOST_LEFT_EARLY = "left the master before it was done"
+LOST_CUT_OFF = "had not sent all its rows when the master stopped"
+
+
 @dataclass(slots=True)
 class LoadWorker:
     """One Locust worker process of a run with a master (``--processes N`` or ``--master``), as the master saw it."""
@@ -90,7 +96,7 @@ class LoadWorker:
     num_rows: int = 0  # client rows the master received from it
     num_started: int = 0  # requests it had sent by its last message, recorded or in flight
     is_done: bool = False  # it said its users had finished and its rows were all sent
-    lost: str | None = None  # why it dropped out before it was done; None: it was not lost
+    lost: str | None = None  # why it dropped out before it was done (LOST_*); None: it was not lost
 
     @property
     def num_unrecorded(self) -> int:
