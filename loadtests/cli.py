@@ -113,6 +113,10 @@ def with_master(configs: list[LoadConfig], args: argparse.Namespace) -> list[Loa
     if args.processes != 1:
         raise ValueError("--processes forks workers on this machine; with --master they join as "
                          "`servescope worker`: drop --processes")
+    if len(configs) > 1:
+        # NOTE: each point is a Locust run of its own, and Locust's workers leave when their master quits.
+        raise ValueError("--master runs one load point (its workers leave when it ends): drop --sweep, and run "
+                         "one `servescope load --master` per point")
     master = MasterConfig(args.master_bind_host, args.master_bind_port, args.worker_wait)
     return [dataclasses.replace(c, processes=args.expect_workers, master=master) for c in configs]
 

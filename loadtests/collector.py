@@ -95,6 +95,11 @@ class WorkerCollector:
                 worker.lost = LOST_CUT_OFF
         self._write_roster()
         self.close_files()
+        everyone_lost = bool(self.roster.workers) and all(w.lost is not None for w in self.roster.workers)
+        if everyone_lost and self.environment.parsed_options.ss_duration is not None and not self._has_finished:
+            # NOTE: Locust stops (but does not quit) a headless master whose last worker went missing.
+            self._has_finished = True
+            self.on_finished()
 
     def close_files(self) -> None:
         for lines in self._files.values():

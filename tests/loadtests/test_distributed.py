@@ -165,6 +165,7 @@ def test_a_master_whose_workers_never_come_says_how_many_came(tmp_path: Path, du
     (["--master", "--expect-workers", "2", "--processes", "2"], "drop --processes"),
     (["--master", "--expect-workers", "4", "--users", "2"], "at least as many users as workers"),
     (["--master", "--expect-workers", "2", "--master-bind-port", "70000"], "bind port must be in 1..65535"),
+    (["--master", "--expect-workers", "2", "--sweep", "users=2,4"], "drop --sweep"),
 ])
 def test_master_flags_are_checked_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          flags: list[str], message: str) -> None:
