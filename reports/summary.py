@@ -233,8 +233,8 @@ def lost_worker_warnings(lost: list[LoadWorker]) -> list[RunWarning]:
     """A load worker that dropped out mid-run: its rows so far are in, what it had in flight is not."""
     return [RunWarning(
         "lost_worker", f"load worker {w.worker} ({w.node}) was lost mid-run: it {w.lost}; {w.num_rows} of its "
-        f"requests were recorded, {w.num_unrecorded} more it had sent by its last message were not, and the "
-        f"load after that came from the other workers only", float(w.num_unrecorded), 0.0) for w in lost]
+        f"requests were recorded, and at least {w.num_unrecorded} more it had sent were not (those in flight at its "
+        f"last message); the load after that came from the other workers only", float(w.num_unrecorded), 0.0) for w in lost]
 
 
 def open_loop_measures(data: RunDataset) -> OpenLoopMeasures | None:
