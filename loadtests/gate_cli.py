@@ -92,6 +92,10 @@ def _ab_gate(args: argparse.Namespace) -> int:
     from loadtests.ab import WorkerError, run_ab
     from reports.ab_gate import decide, format_verdict
 
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must be between 0 and 1, got {args.confidence}")
+    if not args.threshold > -1:
+        raise ValueError(f"--threshold must be above -1 (a share: 0.05 is 5%), got {args.threshold}")
     if args.rounds < min_samples(args.confidence):
         raise ValueError(f"--rounds {args.rounds} cannot give a {args.confidence:.0%} interval; give at least "
                          f"{min_samples(args.confidence)}")

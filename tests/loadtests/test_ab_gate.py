@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--ab", "--base", "--model dummy:tiny", "--candidate", "--model dummy:tiny --no-such-flag 3"],
      "unrecognized arguments: --no-such-flag 3"),
     (["--ab", "--flags", "--model dummy:tiny", "--num-prompts", "0"], "--num-prompts must be >= 1"),
+    (["--ab", "--flags", "--model dummy:tiny", "--confidence", "95"], "--confidence must be between 0 and 1"),
     (["--ab", "no-such-ref-anywhere", "--repo", str(ROOT)], "cannot read 'no-such-ref-anywhere'"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
