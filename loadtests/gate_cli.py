@@ -99,9 +99,9 @@ def _ab_gate(args: argparse.Namespace) -> int:
     if args.rounds < min_samples(args.confidence):
         raise ValueError(f"--rounds {args.rounds} cannot give a {args.confidence:.0%} interval; give at least "
                          f"{min_samples(args.confidence)}")
-    for name in ("num_prompts", "concurrency"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    for name, least in (("num_prompts", 1), ("concurrency", 1), ("warmup_rounds", 0)):
+        if getattr(args, name) < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}")
     with ExitStack() as stack:
         base, candidate = _ab_sides(args, stack)
         print(f"servescope gate --ab: {args.rounds} rounds in alternating order, {args.num_prompts} "
