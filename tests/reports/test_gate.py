@@ -47,7 +47,7 @@ def test_slowed_build_fails_the_ratio_gate(tmp_path, slowed_engine_step) -> None
     failed = {r.metric for r in rows if not r.passed}
     assert "continuous_over_naive" in failed, format_rows(rows)
     table = format_rows(rows)
-    assert table.splitlines()[0].split() == ["metric", "baseline", "current", "threshold", "verdict"]
+    assert table.splitlines()[0].split() == ["metric", "baseline", "current", "threshold", "verdict", "interval", "p"]
     assert "FAIL" in table
 
 
