@@ -88,7 +88,7 @@ class HFContinuousBatchingEngine(EngineBase):
 
     def stats(self) -> EngineStats:
         scheduler = self.processor.scheduler
-        used_blocks = sum(s.allocated_blocks for s in scheduler.active_requests.values())
+        used_blocks = self._kv_blocks_held()
         allocated, used = self._kv_slots()
         num_blocks = self.processor.cache.num_blocks
         return EngineStats(
@@ -181,12 +181,15 @@ class HFContinuousBatchingEngine(EngineBase):
     def _waiting(self) -> int:
         return sum(1 for r in self.requests.values() if r.status == RequestStatus.WAITING)
 
+    def _kv_blocks_held(self) -> int:
+        """Pages HF's block tables give the running requests (one full-attention table for Llama)."""
+        tables = [allocator.block_table for allocator in self.processor.cache.cache_allocators.values()]
+        return sum(len(table.get(rid, [])) for table in tables[:1] for rid in self.processor.scheduler.active_requests)
+
     def _kv_slots(self) -> tuple[int, int]:
         """Token slots in the pages HF gave running requests, and those holding a computed token."""
         active = self.processor.scheduler.active_requests.values()
-        allocated = sum(s.allocated_blocks for s in active) * self.config.block_size
-        used = sum(s.position_offset for s in active)
-        return allocated, used
+        return self._kv_blocks_held() * self.config.block_size, sum(s.position_offset for s in active)
 
 
 def _check_supported(params: SamplingParams) -> None:

@@ -161,3 +161,14 @@ def test_hf_cb_refuses_what_hf_cannot_do_per_request(tiny, params) -> None:
     with pytest.raises(ValueError, match="hf-cb"):
         engine.add_request([1, 2, 3], params)
     assert not engine.has_unfinished()
+
+
+def test_hf_cb_reports_the_pages_it_holds(tiny) -> None:
+    """KV slots come from HF's own block tables: whole pages held, a partly filled last page each."""
+    engine = HFContinuousBatchingEngine(EngineConfig(model="dummy:tiny", block_size=16), tiny)
+    recorder = StepRecorder()
+    engine.add_observer(recorder)
+    run_all(engine, [SamplingParams(max_tokens=4, ignore_eos=True)] * len(PROMPTS))
+    first = recorder.steps[0]  # every prompt prefilled: 3, 20, 4, 7 and 33 tokens take 1+2+1+1+3 pages
+    assert first.num_kv_slots_allocated == 8 * 16
+    assert all(0 < s.num_kv_slots_used < s.num_kv_slots_allocated for s in recorder.steps[:-1])
