@@ -233,16 +233,16 @@ def main() -> int:
         parser.error(f"unknown servers {unknown}; known: {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    results = []
-    for name in names:
-        results.append(run_server(known[name], args, args.out))
-        print(json.dumps(results[-1]["points"]), flush=True)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
     flags = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in cpu.split()]
+    results: list[dict[str, Any]] = []
     report = {"started": started, "cpu": model, "cpu_flags": flags, "nproc": os.cpu_count(),
               "argv": sys.argv, "servers": results}
-    (args.out / "servers.json").write_text(json.dumps(report, indent=2))
+    for name in names:
+        results.append(run_server(known[name], args, args.out))
+        print(json.dumps(results[-1]["points"]), flush=True)
+        (args.out / "servers.json").write_text(json.dumps(report, indent=2))  # after each, in case one fails
     print(f"\n{started}; CPU {model} ({', '.join(flags) or 'no AVX-512'}), {os.cpu_count()} cores\n")
     print(table(results))
     return 0
