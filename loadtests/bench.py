@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
-from engine.baselines import NaiveEngine, StaticBatchEngine
+from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatchEngine
 from engine.weights import LoadedModel, load_model
 from loadtests.workloads import WORKLOADS, WorkItem, make_workload
 
@@ -27,7 +27,11 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
     "naive": lambda c, w: NaiveEngine(c, w),
     "static": lambda c, w: StaticBatchEngine(c, w),
+    "hf-cb": lambda c, w: HFContinuousBatchingEngine(c, w),
 })
+# The raw-framework baselines every engine's throughput is divided by, when they ran: HF one request at
+# a time, HF padded static batches, and HF's own continuous batching (its paged-attention manager).
+BASELINES = ("naive", "static", "hf-cb")
 
 
 @dataclass(slots=True)
@@ -116,12 +120,13 @@ def run_bench(config: EngineConfig, engine_names: list[str], workload: str, num_
     summary: dict[str, object] = {}
     for name, res in results.items():
         row = asdict(res)
-        if "naive" in results:
-            base = results["naive"]
-            row["ratio_to_naive"] = {
-                "output_tokens_per_s": res.output_tokens_per_s / base.output_tokens_per_s,
-                "requests_per_s": res.requests_per_s / base.requests_per_s,
-            }
+        for baseline in BASELINES:
+            if baseline in results:
+                base = results[baseline]
+                row[ratio_key(baseline)] = {
+                    "output_tokens_per_s": res.output_tokens_per_s / base.output_tokens_per_s,
+                    "requests_per_s": res.requests_per_s / base.requests_per_s,
+                }
         summary[name] = row
     any_engine = next(iter(engines.values()))
     return {
@@ -131,6 +136,11 @@ def run_bench(config: EngineConfig, engine_names: list[str], workload: str, num_
         "prompt_tokens_total": sum(len(i.prompt_token_ids) for i in items),
         "engines": summary,
     }
+
+
+def ratio_key(baseline: str) -> str:
+    """The JSON key of the ratios to one baseline, e.g. ``ratio_to_hf_cb``."""
+    return "ratio_to_" + baseline.replace("-", "_")
 
 
 def _best(results: list[BenchResult]) -> BenchResult:
@@ -151,14 +161,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2))
     table = Table(title=f"servescope bench: {report['model']}, {args.workload}, {args.num_prompts} prompts, "
                         f"concurrency {args.concurrency}")
-    for col in ("engine", "out tok/s", "req/s", "mean batch", "peak seqs", "KV waste", "preempt", "x naive"):
+    baselines = [b for b in BASELINES if b in report["engines"]]  # type: ignore[operator]
+    for col in ("engine", "out tok/s", "req/s", "mean batch", "peak seqs", "KV waste", "preempt",
+                *(f"x {b}" for b in baselines)):
         table.add_column(col)
     for name, row in report["engines"].items():  # type: ignore[union-attr]
-        ratio = row.get("ratio_to_naive", {}).get("output_tokens_per_s")
+        ratios = [row[ratio_key(b)]["output_tokens_per_s"] for b in baselines]
         table.add_row(name, f"{row['output_tokens_per_s']:.1f}", f"{row['requests_per_s']:.2f}",
                       f"{row['mean_batch_size']:.1f}", str(row["peak_concurrent_seqs"]),
                       f"{row['kv_waste_fraction']:.1%}", str(row["num_preemptions"]),
-                      f"{ratio:.2f}" if ratio is not None else "-")
+                      *(f"{r:.2f}" for r in ratios))
     Console().print(table)
     return 0
 
@@ -172,7 +184,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--workload", default="mixed", choices=sorted(WORKLOADS))
     p.add_argument("--max-tokens", type=int, default=None, help="cap on output tokens per request")
-    p.add_argument("--engines", default="continuous,naive,static",
+    p.add_argument("--engines", default="continuous,hf-cb,naive,static",
                    help=f"comma-separated, from: {', '.join(ENGINES)}")
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds per engine; the median is kept")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed full pass per engine")

@@ -22,7 +22,7 @@ from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
 from engine.server.serving_engine import ServingEngine
 
-ENGINE_KINDS = ("continuous", "naive", "static")
+ENGINE_KINDS = ("continuous", "naive", "static", "hf-cb")
 API_KEY_ENV = "SERVESCOPE_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--engine", choices=ENGINE_KINDS, default="continuous",
                        help="continuous batching (default) or a baseline: naive (one request at a time), "
-                            "static (padded static batches)")
+                            "static (padded static batches), hf-cb (HF transformers' own continuous batching, greedy only)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
@@ -70,7 +70,7 @@ def build_engine(kind: str, config: EngineConfig) -> ServingEngine:
                              f"does not have; use --engine continuous") from exc
         raise ValueError(f"--engine {kind} needs the {exc.name!r} package (the baselines run on HF "
                          f"transformers); install it or use --engine continuous") from exc
-    engine_class = {"naive": "NaiveEngine", "static": "StaticBatchEngine"}[kind]
+    engine_class = {"naive": "NaiveEngine", "static": "StaticBatchEngine", "hf-cb": "HFContinuousBatchingEngine"}[kind]
     factory = getattr(baselines, engine_class, None)
     if factory is None:
         raise ValueError(f"--engine {kind}: engine.baselines has no {engine_class}")

@@ -16,6 +16,11 @@ def test_bench_runs_every_engine_on_the_same_work(tmp_path) -> None:
     assert set(engines) == set(ENGINES)
     assert len({row["num_output_tokens"] for row in engines.values()}) == 1  # same work everywhere
     assert engines["naive"]["ratio_to_naive"]["output_tokens_per_s"] == 1.0
+    # Every engine gets a ratio to each baseline, HF's own continuous batching included.
+    for baseline in ("naive", "static", "hf_cb"):
+        assert all(row[f"ratio_to_{baseline}"]["output_tokens_per_s"] > 0 for row in engines.values())
+    assert engines["hf-cb"]["ratio_to_hf_cb"]["output_tokens_per_s"] == 1.0
+    assert engines["hf-cb"]["peak_concurrent_seqs"] == 4
     assert engines["naive"]["peak_concurrent_seqs"] == engines["no-batching"]["peak_concurrent_seqs"] == 1
     assert engines["continuous"]["peak_concurrent_seqs"] == 4
     # Reserving max_model_len per request wastes most of what it allocates; paging wastes a block tail.

@@ -45,7 +45,7 @@ def test_kv_size_flags_are_exclusive() -> None:
         build_parser().parse_args(["serve", "--kv-cache-mb", "8", "--num-kv-blocks", "64"])
 
 
-@pytest.mark.parametrize("kind", ["naive", "static"])
+@pytest.mark.parametrize("kind", ["naive", "static", "hf-cb"])
 def test_baseline_engines_serve_the_same_api(kind: str) -> None:
     args = build_parser().parse_args(["serve", "--model", MODEL, "--engine", kind, "--max-num-seqs", "2"])
     live = start_server(build_engine(kind, engine_config_from_args(args)), ServerSettings())
