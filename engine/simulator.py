@@ -74,6 +74,7 @@ class SimOutcome:
 class SimRun:
     outcomes: list[SimOutcome]
     steps: list[SimStep] = field(default_factory=list)
+    token_times: list[tuple[float, int]] = field(default_factory=list)  # (step end, tokens it sampled) per step
     busy_s: float = 0.0
     end_s: float = 0.0
     is_truncated: bool = False  # stopped by the step or time limit before every request finished
@@ -152,6 +153,7 @@ def simulate(config: EngineConfig, requests: Sequence[SimRequest], step_cost: Ca
         run.busy_s += cost
         if keep_steps:
             run.steps.append(step)
+        run.token_times.append((clock, len(updates)))
         for update in updates:
             outcome = live[update.request.request_id]
             if update.is_first_token:

@@ -20,13 +20,16 @@ import numpy as np
 from engine.config import EngineConfig
 from engine.simulator import SimRequest, SimRun, SimStep, simulate
 
-__all__ = ["ReplayLoad", "ReplayMeasures", "SimRequest", "SimStep", "pseudo_token_ids", "replay"]
+__all__ = ["EngineConfig", "ReplayLoad", "ReplayMeasures", "SimRequest", "SimStep", "pseudo_token_ids", "replay"]
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayLoad:
     """The load to replay: ``users`` closed-loop clients (else each request's own ``arrival_s``), the
-    warm-up and measured seconds, and the client's own time between a response and its next request."""
+    warm-up and measured seconds, and the client's own time between a response and its next request.
+
+    Requests sent from ``warmup_s`` on are measured; sending stops at ``warmup_s + duration_s``.
+    """
 
     users: int | None
     warmup_s: float
@@ -39,7 +42,8 @@ class ReplayMeasures:
     """A replay measured as a run's client rows are."""
 
     num_requests: int
-    output_throughput: float | None
+    steady_throughput: float | None  # output tokens out between the end of the warm-up and the last send, per s
+    output_throughput: float | None  # output tokens of the measured requests over their window (as a run's rows)
     request_throughput: float | None
     ttft_p50: float | None
     tpot_p50: float | None
@@ -88,13 +92,13 @@ def replay(config: EngineConfig, requests: Sequence[SimRequest], load: ReplayLoa
     """Simulate the load on ``config`` and measure it from the first request sent after the warm-up."""
     run = simulate(config, requests, step_cost, users=load.users, stop_sending_s=load.warmup_s + load.duration_s,
                    gap_s=load.gap_s)
-    return measure(run, load.warmup_s)
+    return measure(run, load.warmup_s, load.duration_s)
 
 
-def measure(run: SimRun, warmup_s: float) -> ReplayMeasures:
+def measure(run: SimRun, warmup_s: float, duration_s: float) -> ReplayMeasures:
     measured = [o for o in run.outcomes if o.send_s >= warmup_s and o.end_s is not None]
     if not measured:
-        return ReplayMeasures(0, None, None, None, None, None, 0.0, 0, run.is_truncated)
+        return ReplayMeasures(0, None, None, None, None, None, None, 0.0, 0, run.is_truncated)
     start = min(o.send_s for o in measured)
     end = max(o.end_s for o in measured if o.end_s is not None)
     window = end - start
@@ -103,8 +107,10 @@ def measure(run: SimRun, warmup_s: float) -> ReplayMeasures:
         kept = [v for v in values if v is not None and math.isfinite(v)]
         return float(np.percentile(kept, 50)) if kept else None
 
+    stop = warmup_s + duration_s
+    steady = sum(n for t, n in run.token_times if warmup_s < t <= stop) / duration_s if duration_s > 0 else None
     return ReplayMeasures(
-        num_requests=len(measured),
+        num_requests=len(measured), steady_throughput=steady,
         output_throughput=sum(o.num_output_tokens for o in measured) / window if window > 0 else None,
         request_throughput=len(measured) / window if window > 0 else None,
         ttft_p50=p50([o.ttft_s for o in measured]), tpot_p50=p50([o.tpot_s for o in measured]),

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from probes.run_dir import RunDirectory
 from reports.dataset import RunDataset
 from reports.external_levers import external_predictions
 from reports.predictions import Predictions, predict_levers
+
+# Written by ``servescope diagnose --retest`` (loadtests.retest) into each round's directory.
+RETEST_NAME = "retest.json"
 
 
 def engine_kind(data: RunDataset) -> str:
@@ -32,15 +36,34 @@ def attach_predictions(diagnosis: Any, data: RunDataset) -> None:
         return
     if data.has_engine_probes:
         kind = engine_kind(data)
-        predictions = predict_levers(data) if kind == "continuous" else Predictions(
-            unknown=f"the replay simulates the continuous-batching engine; this run used the {kind} engine")
+        if kind == "continuous":
+            predictions = predict_levers(data, offer_load=diagnosis.bottleneck == "none")
+        else:
+            predictions = Predictions(
+                unknown=f"the replay simulates the continuous-batching engine; this run used the {kind} engine")
     else:
         predictions = external_predictions(data)
     diagnosis.levers = [lever.to_dict() for lever in predictions.levers]
     diagnosis.predictions = predictions.to_dict()
+    add_retest(diagnosis, data)
     if not data.has_engine_probes or predictions.unknown is not None:
         return
     if predictions.best is not None:
         diagnosis.lever = f"{predictions.verdict()} (the evidence: {diagnosis.lever})"
     elif predictions.levers:
         diagnosis.summary = f"{diagnosis.summary}; {predictions.verdict()}"
+
+
+def add_retest(diagnosis: Any, data: RunDataset) -> None:
+    """What a ``--retest`` recorded in this round's ``retest.json``: the lever pulled to reach it
+    (``predictions["retest"]``), and what the lever this round named gave when pulled (``measured_gain``)."""
+    record = RunDirectory(data.path).read_json(RETEST_NAME) or {}
+    if record.get("pulled") is not None:
+        diagnosis.predictions = {**(diagnosis.predictions or {}), "retest": record["pulled"]}
+    outcome = record.get("outcome")
+    if outcome is None:
+        return
+    for lever in diagnosis.levers:
+        if lever["lever"] == outcome.get("lever"):
+            lever["measured_gain"] = outcome.get("measured_gain")
+            lever["measured"] = outcome.get("measured")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from probes.execution_speedup import read_execution_speedup
 from probes.replay import (
+    EngineConfig,
     ReplayLoad,
     ReplayMeasures,
     SimRequest,
@@ -47,6 +48,9 @@ class LeverPrediction:
     measured_gain: float | None = None
     measured: dict[str, Any] | None = None
     note: str = ""
+    add_flags: list[str] = field(default_factory=list)  # serve flags that pull it (the bundled engine)
+    drop_flags: list[str] = field(default_factory=list)  # serve flags (with their values) it removes
+    users: int | None = None  # the load lever: the closed-loop users to offer instead
 
     @property
     def is_worth_pulling(self) -> bool:
@@ -106,11 +110,17 @@ class Lever:
     forward_speedup: float | None = 1.0  # None: the speedup was never measured, so nothing is predicted
     users: int | None = None
     note: str = ""
+    drop_flags: tuple[str, ...] = ()
+
+    @property
+    def add_flags(self) -> list[str]:
+        return self.flags.split() if self.flags.startswith("--") and self.users is None else []
 
 
 def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, speedup: float | None,
-                     speedup_note: str = "") -> list[Lever]:
-    """The levers that apply to a run of the bundled engine with ``config`` under ``load``."""
+                     speedup_note: str = "", offer_load: bool = False) -> list[Lever]:
+    """The levers that apply to a run of the bundled engine with ``config`` under ``load``; with
+    ``offer_load`` (the verdict found the load, not the server, to be the limit) more load is one."""
     out: list[Lever] = []
     seats = int(config["max_num_seqs"])
     new_seats = min(max(2 * seats, load.users or 0), MAX_SEATS)
@@ -124,24 +134,28 @@ def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, speedup: float
         out.append(Lever("kv_layout", "--kv-layout paged", "paged KV blocks instead of max-length reservations",
                          {"kv_layout": "paged"}))
     blocks = int(config["num_kv_blocks"])
-    out.append(Lever("kv_pool", f"--num-kv-blocks {2 * blocks}", "twice the KV pool", {"num_kv_blocks": 2 * blocks}))
+    out.append(Lever("kv_pool", f"--num-kv-blocks {2 * blocks}", "twice the KV pool", {"num_kv_blocks": 2 * blocks},
+                     drop_flags=("--kv-cache-mb", "--num-kv-blocks")))
     if not config.get("enable_prefix_caching", True):
         out.append(Lever("prefix_caching", "(drop --no-prefix-caching)", "prefix caching on",
-                         {"enable_prefix_caching": True}))
+                         {"enable_prefix_caching": True}, drop_flags=("--no-prefix-caching",)))
     if config.get("execution") == "eager":
         out.append(Lever("execution", "--execution optimized", "the optimized execution path",
                          {"execution": "optimized"}, forward_speedup=speedup, note=speedup_note))
     if float(config.get("host_overhead_ms") or 0.0) > 0:
         out.append(Lever("host_overhead", "--host-overhead-ms 0", "no per-step host overhead",
                          {"host_overhead_ms": 0.0}))
-    if load.users is not None:
+    if offer_load and load.users is not None:
         out.append(Lever("load", f"--users {2 * load.users}", "twice the offered load (more users)",
                          users=2 * load.users))
     return out
 
 
 def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str:
-    """The run's requests and load as the replay takes them, or why they cannot be had."""
+    """The run's requests and load as the replay takes them, or why they cannot be had.
+
+    Times count from the run's first send; the measured part starts at its first measured send.
+    """
     client = data.client
     if client is None or not len(client):
         return "the run has no client rows to replay"
@@ -158,10 +172,9 @@ def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str
     outputs = rows["num_output_tokens"].fillna(1).astype(int).clip(lower=1)
     users = config.get("users") if config.get("mode", "closed") == "closed" else None
     requests = [SimRequest(t, int(n), float(s) - start) for t, n, s in zip(ids, outputs, rows["send_time"], strict=True)]
-    warmup = float(config.get("warmup_s", 0.0))
-    duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start)
-    if users is None:  # NOTE: open loop: every measured arrival is sent, whatever the planned duration said
-        duration = max(duration, float(rows["send_time"].max()) - start - warmup)
+    measured = client[~client["is_warmup"]]
+    warmup = float(measured["send_time"].min()) - start if len(measured) else float(config.get("warmup_s", 0.0))
+    duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start - warmup)
     return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
                                 gap_s=client_gap_s(data))
 
@@ -177,7 +190,7 @@ def client_gap_s(data: RunDataset) -> float:
     return max(float(gap.median()), 0.0) if len(gap) else 0.0
 
 
-def predict_levers(data: RunDataset) -> Predictions:
+def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
     """Fit the step model on ``data``'s steps, replay its load, and predict every lever that applies."""
     if not data.has_engine_probes:
         return Predictions(unknown="the run has no engine steps to fit a step-time model on (an external server)")
@@ -193,20 +206,25 @@ def predict_levers(data: RunDataset) -> Predictions:
         base_config = engine_config(recorded)
     except (ValueError, TypeError) as exc:
         return Predictions(step_model=model.to_dict(), unknown=f"the run's engine config cannot be replayed: {exc}")
-    base = replay(base_config, requests, load, step_cost(model, base_config.host_overhead_ms, 1.0))
-    measured = _measured(data)
+    base = replay(base_config, requests, load, step_cost(model, base_config, base_config, 1.0))
+    measured = _measured(data, load)
     check = {"replayed": base.to_dict(), "measured": measured,
-             "throughput_error": _error(base.output_throughput, measured.get("output_throughput"))}
+             "throughput_error": _error(base.steady_throughput, measured.get("steady_output_throughput"))}
     speedup, speedup_note = read_execution_speedup(data.path)
     levers = []
-    for lever in candidate_levers(recorded, load, speedup, speedup_note):
+    for lever in candidate_levers(recorded, load, speedup, speedup_note, offer_load):
         levers.append(_predict_one(lever, recorded, requests, load, model, base, measured))
     levers.sort(key=lambda lv: -(lv.predicted_gain or 0.0))
     return Predictions(levers=levers, step_model=model.to_dict(), replay_check=check)
 
 
-def step_cost(model: StepModel, host_overhead_ms: float, forward_speedup: float) -> Callable[[SimStep], float]:
-    host_s = host_overhead_ms / 1000
+def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig,
+              forward_speedup: float) -> Callable[[SimStep], float]:
+    """The fitted step time on ``config``; burnt host time as the run measured it when the knob is unchanged."""
+    if recorded.host_overhead_ms > 0:
+        host_s = model.host_overhead_s * config.host_overhead_ms / recorded.host_overhead_ms
+    else:
+        host_s = config.host_overhead_ms / 1000
 
     def cost(step: SimStep) -> float:
         return model.step_time(step, host_s, forward_speedup)
@@ -216,33 +234,44 @@ def step_cost(model: StepModel, host_overhead_ms: float, forward_speedup: float)
 
 def _predict_one(lever: Lever, recorded: Mapping[str, Any], requests: list[SimRequest], load: ReplayLoad,
                  model: StepModel, base: ReplayMeasures, measured: Mapping[str, Any]) -> LeverPrediction:
+    pulls = {"add_flags": lever.add_flags, "drop_flags": list(lever.drop_flags), "users": lever.users}
     if lever.forward_speedup is None:
         return LeverPrediction(lever.lever, lever.flags, lever.description, None,
-                               note=lever.note or "not predicted: the eager/optimized step ratio was not measured")
+                               note=lever.note or "not predicted: the eager/optimized step ratio was not measured",
+                               **pulls)
     config = engine_config(recorded, lever.changes)
     lever_load = dataclasses.replace(load, users=lever.users) if lever.users is not None else load
-    result = replay(config, requests, lever_load, step_cost(model, config.host_overhead_ms, lever.forward_speedup))
-    gain = _ratio(result.output_throughput, base.output_throughput)
+    result = replay(config, requests, lever_load, step_cost(model, config, engine_config(recorded),
+                                                            lever.forward_speedup))
+    gain = _ratio(result.steady_throughput, base.steady_throughput)
 
     def scaled(key: str, predicted: float | None, replayed: float | None) -> float | None:
         """The measured figure times the replays' ratio (falls back to the replay's own figure)."""
         ratio = _ratio(predicted, replayed)
         return measured[key] * ratio if ratio is not None and measured.get(key) is not None else predicted
 
-    predicted = {"output_throughput": scaled("output_throughput", result.output_throughput, base.output_throughput),
+    predicted = {"output_throughput": scaled("output_throughput", result.steady_throughput, base.steady_throughput),
                  "ttft_p50": scaled("ttft_p50", result.ttft_p50, base.ttft_p50),
                  "tpot_p50": scaled("tpot_p50", result.tpot_p50, base.tpot_p50),
                  "replayed": result.to_dict()}
-    return LeverPrediction(lever.lever, lever.flags, lever.description, gain, predicted, note=lever.note)
+    return LeverPrediction(lever.lever, lever.flags, lever.description, gain, predicted, note=lever.note, **pulls)
 
 
-def _measured(data: RunDataset) -> dict[str, Any]:
-    lat = data.latencies
+def _measured(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
+    """The run's own figures: as its report shows them, and its output tokens per second while it was
+    sending (from the first measured send for the load's duration), the replay's steady throughput.
+
+    NOTE: the steady rate counts the engine's own token times: a stream's chunk may carry several tokens.
+    """
+    lat, client = data.latencies, data.client
     ok = lat[lat["is_ok"]] if len(lat) else lat
     window = data.window[1] - data.window[0]
-    if not len(ok) or not window > 0:
+    if not len(ok) or not window > 0 or client is None:
         return {}
-    return {"output_throughput": float(ok["num_output_tokens"].sum()) / window,
+    start = float(client["send_time"].min()) + load.warmup_s
+    times = [t for row in data.frame("requests")["token_times"] if row is not None for t in row]
+    steady = sum(1 for t in times if start < t <= start + load.duration_s) / load.duration_s
+    return {"output_throughput": float(ok["num_output_tokens"].sum()) / window, "steady_output_throughput": steady,
             "ttft_p50": float(ok["ttft_s"].median()), "tpot_p50": float(ok["tpot_s"].median())}
 
 

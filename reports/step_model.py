@@ -68,6 +68,7 @@ class StepModel:
     holdout_mape: float  # mean |predicted - measured| / measured over held-out steps
     holdout_total_error: float  # (sum predicted - sum measured) / sum measured over held-out steps
     mean_step_s: float
+    host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (the OS may stretch it)
 
     def step_time(self, work: StepWork, host_overhead_s: float = 0.0, forward_speedup: float = 1.0) -> float:
         """Predicted seconds for a step: the fitted cost, with the forward ``forward_speedup`` times
@@ -78,7 +79,8 @@ class StepModel:
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total.to_dict(), "forward": self.forward.to_dict(), "num_fit_steps": self.num_fit_steps,
                 "num_holdout_steps": self.num_holdout_steps, "holdout_mape": self.holdout_mape,
-                "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s}
+                "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s,
+                "host_overhead_s": self.host_overhead_s}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -152,4 +154,4 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0) -> StepModel | None:
     total_error = float((predicted.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else float("nan")
     return StepModel(total=total, forward=forward, num_fit_steps=int((~is_holdout).sum()),
                      num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
-                     mean_step_s=float(y.mean()))
+                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()))

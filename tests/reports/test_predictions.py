@@ -1,0 +1,29 @@
+"""Lever predictions: the replay of a recorded run, and what diagnosis.json and the report carry."""
+
+from __future__ import annotations
+
+import pytest
+
+from reports.diagnosis import diagnose
+
+
+@pytest.mark.parametrize("name", ["max-num-seqs-2", "tiny-pool-preempts", "host-overhead-10ms", "two-users-large-pool"])
+def test_a_replay_with_the_runs_own_settings_reproduces_its_throughput(name, scenario_dir) -> None:
+    """The step model fitted on the run, through the real scheduler, gives back the measured output throughput."""
+    check = diagnose(scenario_dir(name)).predictions["replay_check"]
+    assert abs(check["throughput_error"]) < 0.10, check
+
+
+@pytest.mark.parametrize("name, lever", [("max-num-seqs-1", "max_num_seqs"), ("host-overhead-20ms", "host_overhead"),
+                                         ("contiguous-small-pool", "kv_layout"), ("one-user-thinking", "load")])
+def test_the_lever_with_the_largest_predicted_gain_leads(name, lever, scenario_dir) -> None:
+    result = diagnose(scenario_dir(name))
+    gains = {lv["lever"]: lv["predicted_gain"] for lv in result.levers}
+    assert result.predictions["best"] == lever, gains
+    assert gains[lever] == max(g for g in gains.values() if g is not None) >= 1.1
+    assert result.lever.startswith(f"pull {result.predictions['best_flags']}")
+
+
+def test_an_engine_the_replay_does_not_simulate_gets_no_prediction(scenario_dir) -> None:
+    result = diagnose(scenario_dir("naive-baseline"))
+    assert result.levers == [] and "naive" in result.predictions["unknown"]
