@@ -48,10 +48,10 @@ SCENARIOS = (
 )
 
 
-def run_scenario(scenario: StudyScenario, root: Path, servescope: str = "servescope") -> dict[str, Any]:
+def run_scenario(scenario: StudyScenario, root: Path) -> dict[str, Any]:
     """Diagnose, pull the named lever once, and gather the figures of both rounds."""
     out = root / scenario.name
-    command = [servescope, "diagnose", *scenario.argv, *LOAD, "--retest", "1", "--out", str(out)]
+    command = [sys.executable, "-m", "loadtests.cli", "diagnose", *scenario.argv, *LOAD, "--retest", "1", "--out", str(out)]
     log = root / f"{scenario.name}.log"
     with open(log, "w") as f:
         subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False, timeout=900)
