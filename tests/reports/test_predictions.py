@@ -27,3 +27,16 @@ def test_the_lever_with_the_largest_predicted_gain_leads(name, lever, scenario_d
 def test_an_engine_the_replay_does_not_simulate_gets_no_prediction(scenario_dir) -> None:
     result = diagnose(scenario_dir("naive-baseline"))
     assert result.levers == [] and "naive" in result.predictions["unknown"]
+
+
+def test_an_external_server_gets_its_own_flags_and_only_the_bound_its_metrics_allow(external_dir) -> None:
+    """Our server seen from outside (vLLM names on /metrics, one seat, 8 users): the flags are vLLM's, the
+    seat lever gets an upper bound from the queue, and nothing claims a replayed gain."""
+    result = diagnose(external_dir("metrics-cap"))
+    flags = {lv["lever"]: lv["flags"] for lv in result.levers}
+    assert flags["max_num_seqs"].startswith("--max-num-seqs") and flags["prefix_caching"] == "--enable-prefix-caching"
+    assert flags["execution"] == "drop --enforce-eager"
+    assert all(lv["predicted_gain"] is None for lv in result.levers)
+    seats = next(lv for lv in result.levers if lv["lever"] == "max_num_seqs")
+    assert seats["predicted"]["gain_upper_bound"] > 2  # 1 running, several waiting
+    assert "engine steps" in result.predictions["unknown"]
