@@ -10,8 +10,10 @@ run's own settings is checked against what was measured and that error is shown 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -27,6 +29,7 @@ from probes.replay import (
     pseudo_token_ids,
     replay,
 )
+from probes.run_dir import PLAN_NAME
 from reports.dataset import RunDataset
 from reports.step_model import StepModel, fit_step_model
 
@@ -164,19 +167,44 @@ def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str
     rows = client[client["is_ok"]].sort_values("send_time")
     if rows.empty:
         return "no request succeeded"
-    prompt_counts = rows["num_prompt_tokens"].fillna(rows["planned_prompt_tokens"]).fillna(1).astype(int).clip(lower=1)
-    texts = [data.prompts.get(int(i), f"request-{n}") if pd.notna(i) else f"request-{n}"
-             for n, i in enumerate(rows["plan_index"])]
-    ids = pseudo_token_ids(texts, list(prompt_counts))
     start = float(client["send_time"].min())
-    outputs = rows["num_output_tokens"].fillna(1).astype(int).clip(lower=1)
     users = config.get("users") if config.get("mode", "closed") == "closed" else None
-    requests = [SimRequest(t, int(n), float(s) - start) for t, n, s in zip(ids, outputs, rows["send_time"], strict=True)]
+    plan = read_plan_items(data.path / PLAN_NAME)
+    if users is not None and plan:
+        # NOTE: closed-loop users take the plan's requests in order, so a faster replay sends the plan's
+        # next requests (never repeats of the sent ones, which would hit the prefix cache).
+        sent = {int(i): (n, o) for i, n, o in zip(rows["plan_index"], rows["num_prompt_tokens"],
+                                                   rows["num_output_tokens"], strict=True) if pd.notna(i)}
+        items = [(item["prompt"], *sent.get(int(item["index"]), (item["num_prompt_tokens"], item["max_tokens"])))
+                 for item in plan]
+        texts = [text for text, _, _ in items]
+        prompt_counts = [max(1, int(n)) if pd.notna(n) else 1 for _, n, _ in items]
+        outputs = [max(1, int(o)) if pd.notna(o) else 1 for _, _, o in items]
+        ids = pseudo_token_ids(texts, prompt_counts)
+        requests = [SimRequest(t, n) for t, n in zip(ids, outputs, strict=True)]
+    else:
+        prompt_counts = list(rows["num_prompt_tokens"].fillna(rows["planned_prompt_tokens"]).fillna(1).astype(int)
+                             .clip(lower=1))
+        texts = [data.prompts.get(int(i), f"request-{n}") if pd.notna(i) else f"request-{n}"
+                 for n, i in enumerate(rows["plan_index"])]
+        ids = pseudo_token_ids(texts, prompt_counts)
+        outputs = list(rows["num_output_tokens"].fillna(1).astype(int).clip(lower=1))
+        requests = [SimRequest(t, int(n), float(s) - start)
+                    for t, n, s in zip(ids, outputs, rows["send_time"], strict=True)]
     measured = client[~client["is_warmup"]]
     warmup = float(measured["send_time"].min()) - start if len(measured) else float(config.get("warmup_s", 0.0))
     duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start - warmup)
     return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
                                 gap_s=client_gap_s(data))
+
+
+def read_plan_items(path: Path) -> list[dict[str, Any]]:
+    """The run's request plan (``workload.jsonl``) in plan order; empty when the run has none."""
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    return sorted(items, key=lambda item: int(item["index"]))
 
 
 def client_gap_s(data: RunDataset) -> float:

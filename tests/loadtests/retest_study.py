@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LOAD = ("--duration", "30", "--warmup", "5")
+LOAD = ("--duration", "20", "--warmup", "3")
 
 
 @dataclass(frozen=True, slots=True)
