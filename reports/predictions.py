@@ -194,8 +194,19 @@ def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str
     measured = client[~client["is_warmup"]]
     warmup = float(measured["send_time"].min()) - start if len(measured) else float(config.get("warmup_s", 0.0))
     duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start - warmup)
+    gap = closed_loop_gap_s(rows, int(users)) if users else client_gap_s(data)
     return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
-                                gap_s=client_gap_s(data))
+                                gap_s=gap)
+
+
+def closed_loop_gap_s(rows: pd.DataFrame, users: int) -> float:
+    """A closed-loop user's time between one response's end and its next send (think time, client work):
+    by Little's law each user cycles through E2E + gap, so gap = users / send rate - mean E2E (over the
+    sends, which all users take part in; the drain after the last send would bias the rate)."""
+    span = float(rows["send_time"].max() - rows["send_time"].min())
+    if span <= 0 or len(rows) < 2:
+        return 0.0
+    return max(users * span / (len(rows) - 1) - float(rows["e2e_s"].mean()), 0.0)
 
 
 def read_plan_items(path: Path) -> list[dict[str, Any]]:
