@@ -37,18 +37,18 @@ def _load(users: int) -> LoadConfig:
 
 def test_the_named_lever_is_pulled_measured_and_the_rounds_stop_at_n(tmp_path: Path) -> None:
     out = tmp_path / "retest"
-    pulls = run_retest(_load(6), out, ["--model", "dummy:tiny", "--max-num-seqs", "1"], "dummy:tiny",
+    pulls = run_retest(_load(6), out, ["--model", "dummy:tiny", "--host-overhead-ms", "20"], "dummy:tiny",
                        Console(quiet=True), max_rounds=1, run_round=in_process_round)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["round-0", "round-1"]
     (pull,) = pulls
-    assert pull["lever"] == "max_num_seqs" and pull["flags"] == "--max-num-seqs 6"
-    assert pull["measured_gain"] > 1.5  # one seat to six under six users
+    assert pull["lever"] == "host_overhead" and pull["flags"] == "--host-overhead-ms 0"
+    assert pull["measured_gain"] > 1.5  # 20 ms of burnt host time per step, several times the step itself
     before = json.loads((out / "round-0" / "diagnosis.json").read_text())
-    pulled = next(lv for lv in before["levers"] if lv["lever"] == "max_num_seqs")
+    pulled = next(lv for lv in before["levers"] if lv["lever"] == "host_overhead")
     assert pulled["measured_gain"] == pull["measured_gain"]
     after = json.loads((out / "round-1" / "diagnosis.json").read_text())
-    assert after["predictions"]["retest"]["flags"] == "--max-num-seqs 6"
-    assert "This round pulled --max-num-seqs 6" in (out / "round-1" / "report.html").read_text()
+    assert after["predictions"]["retest"]["flags"] == "--host-overhead-ms 0"
+    assert "This round pulled --host-overhead-ms 0" in (out / "round-1" / "report.html").read_text()
 
 
 def test_the_rounds_stop_when_no_lever_is_predicted_to_gain_ten_percent(tmp_path: Path) -> None:
