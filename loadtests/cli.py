@@ -195,7 +195,18 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
             run_ablation(configs[0], out, serve_argv(args), args.model, console)
             return 0
+        if args.retest is not None:
+            if sweep is not None:
+                raise ValueError("--retest reruns one load point with the named lever pulled; drop --sweep")
+            from loadtests.retest import run_retest
+
+            run_retest(configs[0], out, serve_argv(args), args.model, console, args.retest)
+            return 0
         run_diagnose(configs, out, serve_argv(args), args.model, console, sweep)
+        if sweep is None:
+            from loadtests.retest import refresh_with_speedup
+
+            refresh_with_speedup(out, console)
     except RunFailedError as exc:
         console.print(f"servescope: error: {exc}")
         return 1
@@ -246,6 +257,10 @@ def register_diagnose(subparsers: Any) -> None:
     p.add_argument("--ablate", action="store_true",
                    help="run the same load with each lever switched off in turn (batching, paged KV, optimized "
                         "execution) and the naive HF baseline, and report them side by side")
+    p.add_argument("--retest", type=int, nargs="?", const=1, default=None, metavar="N",
+                   help="after the diagnosis, rerun the same load with the lever predicted to gain most pulled, and "
+                        "diagnose again; up to N rounds (default 1), stopping when no lever is predicted to gain 10%%; "
+                        "each round in OUT/round-K")
     p.set_defaults(func=_cmd_diagnose)
 
 

@@ -25,6 +25,7 @@ from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
 from reports.health import RunHealth, run_health
+from reports.lever_verdict import attach_predictions
 from reports.levers import lever_for
 from reports.metric_adapters import ADAPTERS
 from reports.roofline import roofline_summary, step_work
@@ -101,6 +102,8 @@ class Diagnosis:
     also: list[str]  # other bottlenecks whose findings also fired
     metrics: dict[str, Any] = field(default_factory=dict)
     label: str = ""
+    levers: list[dict[str, Any]] = field(default_factory=list)  # reports.predictions.LeverPrediction, best first
+    predictions: dict[str, Any] | None = None  # the step model, the replay check and the predicted verdict
 
     @property
     def has_verdict(self) -> bool:
@@ -110,7 +113,8 @@ class Diagnosis:
         return {"bottleneck": self.bottleneck, "confidence": self.confidence,
                 "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
                 "source": self.source, "evidence": [e.to_dict() for e in self.evidence], "deciding": self.deciding,
-                "also": self.also, "metrics": self.metrics, "label": self.label}
+                "also": self.also, "metrics": self.metrics, "label": self.label, "levers": self.levers,
+                "predictions": self.predictions}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
@@ -120,7 +124,8 @@ class Diagnosis:
                    confidence_label=data["confidence_label"], lever=data["lever"], summary=data["summary"],
                    source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
                    deciding=list(data["deciding"]), also=list(data["also"]), metrics=dict(data["metrics"]),
-                   label=data.get("label", ""))
+                   label=data.get("label", ""), levers=list(data.get("levers") or []),
+                   predictions=data.get("predictions"))
 
     def to_json(self) -> str:
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
@@ -249,6 +254,7 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     if index is not None:
         ablation = ablation_table(root, verdict=lambda point: diagnose_dataset(point).bottleneck)
         diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
+    attach_predictions(diagnosis, points[-1])
     return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
                     diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation)
 

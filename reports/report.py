@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+import reports.lever_section  # noqa: F401 - registers the levers section after the verdict
 from probes.run_dir import MANIFEST_NAME, REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
 from reports.diagnosis import Diagnosis, analyze, write_diagnosis
 from reports.sections import ReportContext, section_views

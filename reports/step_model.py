@@ -1,0 +1,157 @@
+"""A step-time model fitted on a run's own engine steps: a few coefficients with a physical meaning.
+
+One busy engine step takes ``overhead + prefill x c_prefill + decode x c_decode + context x c_context``
+seconds of wall time, step start to next step start (so the server's own work between steps, its
+HTTP and streaming threads sharing the cores, is part of the per-step cost), less the time the
+``--host-overhead-ms`` knob burnt on purpose, which is known and added back by whoever predicts.
+
+- ``overhead_s``: the fixed cost of a step whatever it holds (scheduling, Python, launches);
+- ``prefill_token_s``: each prompt token computed (the weights applied to one more row);
+- ``decode_seq_s``: each sequence decoding one token (its row, sampling, streaming the token out);
+- ``context_token_s``: each cached token the step's attention reads.
+
+In a run whose batch never changed size the per-sequence cost cannot be told from the per-step
+cost; the fit, preferring fewer terms, then leaves it at zero and predicts a bigger batch to cost
+what this one did (the memory-bound case). The coefficients are fitted by non-negative least squares (a cost cannot be negative), on a
+random 80% of the steps; the error is measured on the other 20%. ``forward`` is the same model
+fitted on the model forward alone, the part the execution lever (eager vs optimized) scales.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+FEATURES = ("overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
+HOLDOUT_SHARE = 0.2
+# A step whose period is longer than this many times its own phases was followed by an idle gap.
+IDLE_GAP_FACTOR = 3.0
+MIN_STEPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """What one step did: the inputs of the step-time model."""
+
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    overhead_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+    context_token_s: float
+
+    def predict(self, work: StepWork) -> float:
+        return (self.overhead_s + self.prefill_token_s * work.num_prefill_tokens
+                + self.decode_seq_s * work.num_decode_tokens + self.context_token_s * work.num_context_tokens)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StepModel:
+    """The fitted step time (``total``) and model-forward time (``forward``), with held-out errors."""
+
+    total: Coefficients
+    forward: Coefficients
+    num_fit_steps: int
+    num_holdout_steps: int
+    holdout_mape: float  # mean |predicted - measured| / measured over held-out steps
+    holdout_total_error: float  # (sum predicted - sum measured) / sum measured over held-out steps
+    mean_step_s: float
+    host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (the OS may stretch it)
+
+    def step_time(self, work: StepWork, host_overhead_s: float = 0.0, forward_speedup: float = 1.0) -> float:
+        """Predicted seconds for a step: the fitted cost, with the forward ``forward_speedup`` times
+        faster, plus the host time a ``--host-overhead-ms`` setting burns."""
+        saved = self.forward.predict(work) * (1.0 - 1.0 / forward_speedup)
+        return max(self.total.predict(work) - saved, 0.0) + host_overhead_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total.to_dict(), "forward": self.forward.to_dict(), "num_fit_steps": self.num_fit_steps,
+                "num_holdout_steps": self.num_holdout_steps, "holdout_mape": self.holdout_mape,
+                "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s,
+                "host_overhead_s": self.host_overhead_s}
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares ``a @ x ~ b`` with ``x >= 0``: the best unconstrained fit over every subset of columns.
+
+    NOTE: exact for the handful of columns this module fits (2**4 subsets); not meant for wide problems.
+    """
+    num_cols = a.shape[1]
+    best, best_residual = np.zeros(num_cols), float(np.sum(b ** 2))
+    for size in range(1, num_cols + 1):
+        for cols in itertools.combinations(range(num_cols), size):
+            x_sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(x_sub < 0):
+                continue
+            residual = float(np.sum((a[:, cols] @ x_sub - b) ** 2))
+            if residual < best_residual - 1e-18:
+                best = np.zeros(num_cols)
+                best[list(cols)] = x_sub
+                best_residual = residual
+    return best
+
+
+def step_features(steps: pd.DataFrame) -> np.ndarray:
+    """One row per step: ``[1, prefill tokens, decoding sequences, context tokens]``.
+
+    The context is ``num_kv_slots_used``: the computed tokens of the running requests after the step,
+    what their next attention reads (the simulator counts it the same way).
+    """
+    return np.column_stack([
+        np.ones(len(steps)),
+        steps["num_prefill_tokens"].to_numpy(float),
+        steps["num_decode_tokens"].to_numpy(float),
+        steps["num_kv_slots_used"].to_numpy(float),
+    ])
+
+
+def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
+    """Steps followed at once by another, with ``period_s`` (start to next start, less burnt host time).
+
+    A step followed by an idle gap (nothing to run) is left out: its period is not its cost.
+    """
+    steps = steps.sort_values("start_time").reset_index(drop=True)
+    period = steps["start_time"].shift(-1) - steps["start_time"]
+    own = steps["total_s"]
+    is_busy = period.notna() & (period <= own * IDLE_GAP_FACTOR + 0.002)
+    out = steps[is_busy].copy()
+    out["period_s"] = (period[is_busy] - out["host_overhead_s"]).clip(lower=0.0)
+    out["forward_only_s"] = out["forward_s"]
+    return out
+
+
+def fit_step_model(steps: pd.DataFrame, seed: int = 0) -> StepModel | None:
+    """Fit on the busy steps of one run; None when there are too few to fit and hold some out."""
+    busy = busy_periods(steps)
+    if len(busy) < MIN_STEPS:
+        return None
+    rng = np.random.default_rng(seed)
+    is_holdout = rng.random(len(busy)) < HOLDOUT_SHARE
+    if is_holdout.sum() == 0 or (~is_holdout).sum() < len(FEATURES):
+        is_holdout = np.arange(len(busy)) % 5 == 0
+    x = step_features(busy)
+    y = busy["period_s"].to_numpy(float)
+    y_forward = busy["forward_only_s"].to_numpy(float)
+    total = Coefficients(*map(float, nnls(x[~is_holdout], y[~is_holdout])))
+    forward = Coefficients(*map(float, nnls(x[~is_holdout], y_forward[~is_holdout])))
+    predicted = x[is_holdout] @ np.array(list(total.to_dict().values()))
+    measured = y[is_holdout]
+    positive = measured > 0
+    mape = float(np.mean(np.abs(predicted[positive] - measured[positive]) / measured[positive])) if positive.any() \
+        else float("nan")
+    total_error = float((predicted.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else float("nan")
+    return StepModel(total=total, forward=forward, num_fit_steps=int((~is_holdout).sum()),
+                     num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
+                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()))

@@ -1,0 +1,73 @@
+"""``diagnose --retest``: pull the lever predicted to gain most, rerun the same load, stop when none would gain 10%.
+
+The rounds run the real engine in-process (tests.reports.driver, as the scenario suite does) instead
+of a server under Locust, so each round takes seconds; the retest logic around them is the command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from engine.flags import add_engine_args, engine_config_from_args
+from loadtests.config import LoadConfig
+from loadtests.retest import apply_flags, run_retest
+from reports import write_report
+from tests.reports.driver import Load, run
+from tests.reports.scenarios import SHORT
+
+
+def in_process_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(argv))
+    engine = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("device", "num_threads")}
+    run(round_dir, Load(users=load.users, duration_s=load.duration_s, warmup_s=load.warmup_s, workload_args=SHORT),
+        engine)
+    write_report(round_dir)
+
+
+def _load(users: int) -> LoadConfig:
+    return LoadConfig(users=users, duration_s=2.0, warmup_s=0.5, workload="fixed")
+
+
+def test_the_named_lever_is_pulled_measured_and_the_rounds_stop_at_n(tmp_path: Path) -> None:
+    out = tmp_path / "retest"
+    pulls = run_retest(_load(6), out, ["--model", "dummy:tiny", "--host-overhead-ms", "20"], "dummy:tiny",
+                       Console(quiet=True), max_rounds=1, run_round=in_process_round)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["round-0", "round-1"]
+    (pull,) = pulls
+    assert pull["lever"] == "host_overhead" and pull["flags"] == "--host-overhead-ms 0"
+    assert pull["measured_gain"] > 1.5  # 20 ms of burnt host time per step, several times the step itself
+    before = json.loads((out / "round-0" / "diagnosis.json").read_text())
+    pulled = next(lv for lv in before["levers"] if lv["lever"] == "host_overhead")
+    assert pulled["measured_gain"] == pull["measured_gain"]
+    after = json.loads((out / "round-1" / "diagnosis.json").read_text())
+    assert after["predictions"]["retest"]["flags"] == "--host-overhead-ms 0"
+    assert "This round pulled --host-overhead-ms 0" in (out / "round-1" / "report.html").read_text()
+
+
+def test_the_rounds_stop_when_no_lever_is_predicted_to_gain_ten_percent(tmp_path: Path) -> None:
+    # 4 users on 4 seats: more seats, budget or memory cannot help, and more users would only queue
+    out = tmp_path / "saturated"
+    pulls = run_retest(_load(4), out, ["--model", "dummy:tiny", "--max-num-seqs", "4"], "dummy:tiny",
+                       Console(quiet=True), max_rounds=3, run_round=in_process_round)
+    assert pulls == []
+    assert [p.name for p in out.iterdir() if p.is_dir()] == ["round-0"]
+    diagnosis = json.loads((out / "round-0" / "diagnosis.json").read_text())
+    assert diagnosis["predictions"]["best"] is None
+    assert all(not lv["worth_pulling"] for lv in diagnosis["levers"])
+
+
+def test_flags_replace_their_old_values_and_drop_what_the_lever_removes() -> None:
+    argv = ["--model", "dummy:tiny", "--max-num-seqs", "2", "--no-prefix-caching", "--kv-cache-mb", "8"]
+    assert apply_flags(argv, ["--max-num-seqs", "4"], []) == [
+        "--model", "dummy:tiny", "--no-prefix-caching", "--kv-cache-mb", "8", "--max-num-seqs", "4"]
+    assert apply_flags(argv, ["--num-kv-blocks", "64"], ["--kv-cache-mb", "--num-kv-blocks"]) == [
+        "--model", "dummy:tiny", "--max-num-seqs", "2", "--no-prefix-caching", "--num-kv-blocks", "64"]
+    assert apply_flags(argv, [], ["--no-prefix-caching"]) == [
+        "--model", "dummy:tiny", "--max-num-seqs", "2", "--kv-cache-mb", "8"]
