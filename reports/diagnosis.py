@@ -21,6 +21,7 @@ import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
+from reports.capacity import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
 from reports.health import RunHealth, run_health
@@ -95,6 +96,7 @@ class Diagnosis:
     also: list[str]  # other bottlenecks whose findings also fired
     metrics: dict[str, Any] = field(default_factory=dict)
     label: str = ""
+    capacity: dict[str, Any] | None = None  # reports.capacity.Capacity, after a capacity search
 
     @property
     def has_verdict(self) -> bool:
@@ -104,7 +106,7 @@ class Diagnosis:
         return {"bottleneck": self.bottleneck, "confidence": self.confidence,
                 "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
                 "source": self.source, "evidence": [e.to_dict() for e in self.evidence], "deciding": self.deciding,
-                "also": self.also, "metrics": self.metrics, "label": self.label}
+                "also": self.also, "metrics": self.metrics, "label": self.label, "capacity": self.capacity}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
@@ -114,7 +116,7 @@ class Diagnosis:
                    confidence_label=data["confidence_label"], lever=data["lever"], summary=data["summary"],
                    source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
                    deciding=list(data["deciding"]), also=list(data["also"]), metrics=dict(data["metrics"]),
-                   label=data.get("label", ""))
+                   label=data.get("label", ""), capacity=data.get("capacity"))
 
     def to_json(self) -> str:
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
@@ -193,10 +195,12 @@ class Analysis:
     diagnosis: Diagnosis
     point_verdicts: list[Diagnosis]  # one per point (the verdict itself for a single point)
     ablation: AblationTable | None = None
+    capacity: Capacity | None = None
+    focus_index: int = -1  # the point the verdict is about
 
     @property
     def focus(self) -> RunDataset:
-        return self.points[-1]
+        return self.points[self.focus_index]
 
 
 def analyze(path: str | os.PathLike[str]) -> Analysis:
@@ -221,9 +225,13 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
                         diagnosis=verdicts[-1], point_verdicts=verdicts)
     verdicts = [decide(f, p.label) for p, f in zip(points, point_facts, strict=True)]
     sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
-    # NOTE: the heaviest point's facts with the sweep's evidence added; its roofline is not recomputed.
-    facts = dataclasses.replace(point_facts[-1], sweep=sweep)
-    diagnosis = decide(facts, points[-1].label) if sweep is not None else verdicts[-1]
+    search = read_search(run_path)
+    capacity = capacity_result(run_path, search, points, measures) if search is not None else None
+    focus = capacity_focus(capacity, measures) if capacity is not None else len(points) - 1
+    # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
+    facts = dataclasses.replace(point_facts[focus], sweep=sweep)
+    diagnosis = decide(facts, points[focus].label) if sweep is not None else verdicts[focus]
+    diagnosis.capacity = capacity.to_dict() if capacity is not None else None
     if len(points) > 1:
         diagnosis.metrics["points"] = [
             {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
@@ -233,7 +241,8 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
         ablation = ablation_table(root, verdict=lambda point: diagnose_dataset(point).bottleneck)
         diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
     return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
-                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation)
+                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation, capacity=capacity,
+                    focus_index=focus)
 
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:

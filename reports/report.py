@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+import reports.capacity_section  # noqa: F401 - puts the capacity section first
 from probes.run_dir import MANIFEST_NAME, REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
 from reports.diagnosis import Diagnosis, analyze, write_diagnosis
 from reports.sections import ReportContext, section_views
@@ -41,7 +42,7 @@ def build_context(path: str | os.PathLike[str]) -> ReportContext:
     return ReportContext(root=analysis.root, points=analysis.points, focus=analysis.focus,
                          diagnosis=analysis.diagnosis, facts=analysis.facts, summary=analysis.summary,
                          point_verdicts=analysis.point_verdicts, sweep_parameter=analysis.summary.sweep_parameter,
-                         ablation=analysis.ablation)
+                         ablation=analysis.ablation, capacity=analysis.capacity)
 
 
 def render(ctx: ReportContext) -> str:
