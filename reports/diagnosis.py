@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import reports.capacity_rules  # noqa: F401 - registers the capacity rules
 import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
@@ -31,7 +32,7 @@ from reports.roofline import roofline_summary, step_work
 from reports.summary import PointMeasures, RunSummary, point_measures
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
-SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "sweep": 0.7, "client": 0.5}
+SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "capacity": 0.7, "sweep": 0.7, "client": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,9 @@ SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_tt
                           support=("few_streams_decoding",)),)
 CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),)
 EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
+# A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
+CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
+                     Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
 
 
 @dataclass(slots=True)
@@ -141,13 +145,16 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
     """Apply the findings in order to one point's facts."""
     evidence = {name: rule.evaluate(facts) for name, rule in RULES.items()}
     if facts.server is not None:
-        source, findings, fallback = "engine", ENGINE_FINDINGS, ENGINE_FALLBACK
+        source, findings, fallback = "engine", (*ENGINE_FINDINGS, *CAPACITY_FINDINGS), ENGINE_FALLBACK
     else:
-        findings = (*METRICS_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus else (*SWEEP_FINDINGS, *CLIENT_FINDINGS)
+        findings = ((*METRICS_FINDINGS, *CAPACITY_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus
+                    else (*CAPACITY_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS))
         fallback = EXTERNAL_FALLBACK
         source = "prometheus" if facts.prometheus else "sweep" if facts.sweep else "client"
     fired = [f for f in findings if f.fires(evidence)]
     chosen = fired[0] if fired else fallback
+    if facts.server is None and chosen in CAPACITY_FINDINGS:
+        source = "capacity"
     deciding = chosen.deciding(evidence)
     names = [*chosen.all_of, *chosen.any_of, *chosen.support]
     relevant = [evidence[n] for n in dict.fromkeys(names)]
@@ -229,8 +236,8 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
     capacity = capacity_result(run_path, search, points, measures) if search is not None else None
     focus = capacity_focus(capacity, measures) if capacity is not None else len(points) - 1
     # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
-    facts = dataclasses.replace(point_facts[focus], sweep=sweep)
-    diagnosis = decide(facts, points[focus].label) if sweep is not None else verdicts[focus]
+    facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
+    diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
     diagnosis.capacity = capacity.to_dict() if capacity is not None else None
     if len(points) > 1:
         diagnosis.metrics["points"] = [
