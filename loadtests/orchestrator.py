@@ -149,6 +149,8 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
             session.stop(error=error)
 
     if search is not None:
+        if out.exists() and any(out.iterdir()):
+            raise ValueError(f"{out} is not empty; give --out a new directory")
         is_local = is_this_machine(target.url)
         peaks = None
         if is_local:

@@ -3,6 +3,7 @@ experiment tells a seat-limited server from a memory-limited one."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -10,12 +11,31 @@ import pytest
 from loadtests.capacity import refine_points
 from loadtests.cli import main
 from loadtests.server_process import ServerProcess
+from tests.loadtests.test_diagnose import check_nothing_lost
 
 # Each engine step burns this much host time, so a step costs about the same at any batch size (as a
 # GPU's decode step does) and throughput grows with the batch until the seats run out.
 STEP_MS = "20"
 SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "3", "--warmup", "1",
                "--stop-timeout", "15", "--max-users", "16"]
+
+
+def test_no_users_rate_or_sweep_means_a_search() -> None:
+    from loadtests.cli import DIAGNOSE_DEFAULTS, configs_from_args, is_search, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return parser.parse_args(["diagnose", *argv])
+
+    assert is_search(parse())
+    configs, sweep = configs_from_args(parse(), DIAGNOSE_DEFAULTS)
+    assert sweep is None and configs[0].users == 1
+    assert configs[0].duration_s == DIAGNOSE_DEFAULTS["search_duration"]
+    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"],
+                     ["--workload", "trace:sample-mooncake"]):
+        assert not is_search(parse(*explicit)), explicit
 
 
 def test_refining_adds_the_midpoints_on_both_sides_of_the_last_rise() -> None:
@@ -38,10 +58,9 @@ def test_the_search_finds_the_knee_of_a_server_with_four_seats(tmp_path) -> None
     index = searched.index(4)
     assert capacity["concurrency"] in searched[index - 1:index + 2]  # 4 users, give or take one point
     assert capacity["output_tokens_per_s"] > 0
-    # Every point's run directory got the server's own rows for its time (one server for the search).
+    # One server served the whole search; each point's directory got exactly its own requests' rows.
     for point in capacity["points"]:
-        steps = out / f"users-{point['users']}" / "steps.parquet"
-        assert steps.is_file()
+        check_nothing_lost(out / f"users-{point['users']}")
     assert (out / "report.html").read_text().count('id="capacity"') == 1
 
 
