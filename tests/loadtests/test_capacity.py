@@ -15,8 +15,8 @@ from tests.loadtests.test_diagnose import check_nothing_lost
 
 # Each engine step burns this much host time, so a step costs about the same at any batch size (as a
 # GPU's decode step does) and throughput grows with the batch until the seats run out.
-STEP_MS = "20"
-SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "3", "--warmup", "1",
+STEP_MS = "50"
+SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "4", "--warmup", "1",
                "--stop-timeout", "15", "--max-users", "16"]
 
 
@@ -78,9 +78,10 @@ def _tokens_limit(tmp_path, name: str, engine_flags: list[str]) -> dict:
 @pytest.mark.slow
 def test_the_tokens_experiment_tells_seats_from_memory(tmp_path) -> None:
     # Fixed requests: 128 prompt + 16 output tokens = 9 blocks of 16; 36 blocks hold 4 of them, and
-    # 1 of the 3x requests (27 blocks).
+    # 1 of the 3x requests (27 blocks); max_model_len 512 (32 blocks) lets so small a pool start.
     seats = _tokens_limit(tmp_path, "seats", ["--max-num-seqs", "4"])
-    memory = _tokens_limit(tmp_path, "memory", ["--max-num-seqs", "32", "--num-kv-blocks", "36"])
+    memory = _tokens_limit(tmp_path, "memory",
+                           ["--max-num-seqs", "32", "--num-kv-blocks", "36", "--max-model-len", "512"])
     assert seats["tokens"] is not None and memory["tokens"] is not None
     assert seats["tokens"]["token_ratio"] > 2 and memory["tokens"]["token_ratio"] > 2
     assert seats["limit"] == "seats", seats["limit_evidence"]
