@@ -309,6 +309,5 @@ def _finish(out: Path, console: Console) -> Summary:
     evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
     for e in evidence:
         console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
-    console.print(f"bottleneck: [bold]{diagnosis.bottleneck}[/]; wrote {out / DIAGNOSIS_NAME} "
-                  f"and {out / REPORT_NAME}")
+    console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
     return summary
