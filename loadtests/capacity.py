@@ -134,7 +134,7 @@ def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     measures = point_measures(data)
     if not run_health([data], [measures]).can_judge:
         return None
-    point = capacity_point(data, measures, slo_attainment)
+    point = capacity_point(data, measures)
     slo_ok = None if point.slo_attainment is None else point.slo_attainment["value"] >= slo_attainment
     return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok)
 

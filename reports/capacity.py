@@ -69,8 +69,8 @@ class CapacityPoint:
 
     users: int
     output_tokens_per_s: float | None  # tokens streamed inside the measured window / its length
-    decoding_streams: float | None  # output tok/s x mean TPOT (Little's law)
-    in_flight: float | None  # requests open at once (sum of E2E / window)
+    decoding_streams: float | None  # requests between first token and end, time-averaged over the window
+    in_flight: float | None  # requests between send and end, time-averaged over the window
     tokens_per_request: float | None  # mean prompt + output tokens of the measured requests
     slo_attainment: dict[str, float] | None = None  # value, low, high (95% Wilson)
     goodput: float | None = None  # good requests / s
@@ -146,7 +146,20 @@ def streamed_throughput(data: RunDataset) -> float | None:
     return tokens / float(duration)
 
 
-def capacity_point(data: RunDataset, measures: PointMeasures, slo_attainment: float) -> CapacityPoint:
+def time_averaged(data: RunDataset, begin: str) -> float | None:
+    """Mean number of successful requests between their ``begin`` time and their end over the measured
+    window (``send_time``: open; ``first_token_time``: decoding), counting requests sent in the warm-up too."""
+    client, start = data.client, data.window[0]
+    duration = data.load_config.get("duration_s")
+    if client is None or not math.isfinite(start) or not duration:
+        return None
+    ok = client[client["is_ok"].astype(bool)].dropna(subset=[begin, "end_time"])
+    end = start + float(duration)
+    overlap = (np.minimum(ok["end_time"], end) - np.maximum(ok[begin], start)).clip(lower=0.0)
+    return float(overlap.sum()) / float(duration)
+
+
+def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
     c = measures.client
     tput = streamed_throughput(data)
     tput = tput if tput is not None else (c.output_throughput if c is not None else None)
@@ -156,10 +169,9 @@ def capacity_point(data: RunDataset, measures: PointMeasures, slo_attainment: fl
     if c is not None and c.goodput is not None and c.num_requests:
         attainment = wilson_interval(int(c.goodput["num_good"]), c.num_requests).to_dict()
         goodput = c.goodput["good_requests_per_s"]
-    tpot = c.tpot_s["mean"] if c is not None and c.tpot_s else None
     return CapacityPoint(users=int(measures.concurrency or 0), output_tokens_per_s=tput,
-                         decoding_streams=tput * tpot if tput is not None and tpot is not None else None,
-                         in_flight=c.in_flight if c is not None else None,
+                         decoding_streams=time_averaged(data, "first_token_time"),
+                         in_flight=time_averaged(data, "send_time"),
                          tokens_per_request=float(tokens) if tokens is not None else None,
                          slo_attainment=attainment, goodput=goodput)
 
@@ -167,7 +179,7 @@ def capacity_point(data: RunDataset, measures: PointMeasures, slo_attainment: fl
 def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset],
                     measures: list[PointMeasures]) -> Capacity:
     """The capacity of the searched server; ``points`` and ``measures`` in order of users."""
-    cps = [capacity_point(d, m, search.slo_attainment) for d, m in zip(points, measures, strict=True)]
+    cps = [capacity_point(d, m) for d, m in zip(points, measures, strict=True)]
     rated = [p for p in cps if p.output_tokens_per_s is not None]
     knee = fit_knee([p.users for p in rated], [p.output_tokens_per_s for p in rated])  # type: ignore[misc]
     slo = dict(points[0].load_config.get("slo") or {}) if points else {}
@@ -221,7 +233,7 @@ def _tokens_experiment(root: Path, search: CapacitySearch, by_users: dict[int, C
     from reports.summary import point_measures
 
     data = RunDataset.load(root / search.tokens_dir)
-    measured = capacity_point(data, point_measures(data), search.slo_attainment)
+    measured = capacity_point(data, point_measures(data))
     base = by_users.get(measured.users)
     if base is None or not base.decoding_streams or not measured.decoding_streams or not base.tokens_per_request \
             or not measured.tokens_per_request:

@@ -65,8 +65,9 @@ class CapacityCompute(Rule):
     name = "capacity_compute"
     bottleneck = "execution"
     threshold = NO_QUEUE_SHARE
-    why = ("past the capacity, open requests that are all decoding (Little's law: output tok/s x TPOT against "
-           "E2E) were not queued for seats or memory: each got slower, so the work itself saturates the device")
+    why = ("past the capacity, open requests that are all decoding (time-averaged: first token to end, against "
+           "send to end) were not queued for seats or memory: each got slower, so the work itself saturates the "
+           "device")
 
     def value(self, facts: Facts) -> float | None:
         return facts.capacity.queue_share_past_knee if facts.capacity is not None else None
