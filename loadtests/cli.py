@@ -24,7 +24,7 @@ from loadtests.workloads import WORKLOADS, is_trace
 # a capacity search whose points are sized to finish in about 3 minutes on 2 CPU cores. ``users``,
 # ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
-                     "search_duration": 20.0, "search_warmup": 3.0}
+                     "search_duration": 12.0, "search_warmup": 3.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
                  "search_duration": 20.0, "search_warmup": 5.0}
 # A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
