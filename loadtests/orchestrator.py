@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from loadtests.capacity import DEFAULT_MAX_USERS, search_capacity
-from loadtests.client_table import merge_journals
-from loadtests.config import LoadConfig
+from loadtests.capacity import search_capacity
+from loadtests.client_table import merge_journals, take_worker_roster
+from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.locust_runner import run_locust
 from loadtests.plan import build_plan, write_plan
@@ -30,6 +30,7 @@ from loadtests.summary import Summary, write_summary
 from loadtests.target import Target, discover_target, probe_request
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
+from probes.peaks import measure_peaks
 from probes.run_dir import (
     DIAGNOSIS_NAME,
     LOAD_NAME,
@@ -65,14 +66,20 @@ def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: Toke
         locust = run_locust(config, target.url, run_dir, target.model, on_tick=progress.tick, api_key=api_key)
         progress.tick(locust.wall_s)
     merge_journals(run_dir)
+    roster = take_worker_roster(run_dir)
     directory.save(LOAD_NAME, dataclasses.replace(info, finished_at=time.time(), locust_returncode=locust.returncode,
-                                                  locust_wall_s=locust.wall_s))
+                                                  locust_wall_s=locust.wall_s,
+                                                  workers=roster.workers if roster is not None else None))
 
 
 def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], model: str, console: Console,
                  sweep: tuple[str, list[float]] | None = None) -> Summary:
     """Each point: start our probed server on a free port, wait for /health, load it, stop it; then summarize."""
     point_dirs = _prepare_out(out, configs, sweep)
+    with console.status("measuring this machine's peak bandwidth and FLOP/s before the load"):
+        peaks = measure_peaks()
+    for run_dir in point_dirs:
+        RunDirectory(run_dir).write_peaks(peaks)
     tokenizer: TokenizerLike | None = None
     for config, run_dir in zip(configs, point_dirs, strict=True):
         RunDirectory(run_dir).save(LOAD_NAME, LoadInfo(config=config.to_dict()))
@@ -159,12 +166,32 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 
             with console.status("measuring this machine's memory bandwidth (the target runs here)"):
                 peaks = measure_peaks("auto")
-        search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
-                        model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
+        done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
+                               model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
+        time_reference(out / f"users-{max(done.order)}", target, console, api_key,
+                       ignore_eos=configs[0].ignore_eos)
         return _finish(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
+
+    time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
+                   ignore_eos=configs[-1].ignore_eos)
     return _finish(out, console)
+
+
+def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
+    """After the load, for a target on this machine serving a model servescope knows: its decode step
+    against servescope's optimized path, in turns (``execution_reference.json``, the outside execution evidence)."""
+    from loadtests.execution_reference import http_target_step, is_local, measure_reference
+
+    if not is_local(target.url):
+        return
+    try:
+        with console.status("timing the target's decode step against servescope's optimized path"):
+            measure_reference(run_dir, target.model, http_target_step(target.url, target.model, api_key, ignore_eos))
+    except Exception as exc:  # noqa: BLE001 - the run stands; the verdict says execution was not timed
+        console.print(f"[yellow]note:[/] timing the target's decode step failed ({type(exc).__name__}: {exc}); "
+                      f"execution is not judged from outside")
 
 
 def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], model: str, console: Console,
