@@ -19,6 +19,7 @@ from loadtests.config import (
     APIS,
     DEFAULT_MASTER_BIND_HOST,
     DEFAULT_MASTER_PORT,
+    DEFAULT_MAX_USERS,
     DEFAULT_WORKER_WAIT_S,
     LoadConfig,
     MasterConfig,
@@ -30,10 +31,13 @@ from loadtests.load_context import API_KEY_ENV
 from loadtests.traces import SAMPLES, read_trace, trace_path
 from loadtests.workloads import WORKLOADS, is_trace
 
-# `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers,
-# and enough users to batch, sized to finish in about 3 minutes on 2 CPU cores.
-DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64}
-LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None}
+# `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
+# a capacity search whose points are sized to finish in about 3 minutes on 2 CPU cores. ``users``,
+# ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
+DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
+                     "search_duration": 12.0, "search_warmup": 3.0}
+LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
+                 "search_duration": 20.0, "search_warmup": 5.0}
 # A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
 TRACE_TAIL_S = 1.0
 # Flags of `serve` that `diagnose` takes and hands to its server process, besides the engine flags.
@@ -45,15 +49,19 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
     g = parser.add_argument_group("load")
     arrival = g.add_mutually_exclusive_group()
     arrival.add_argument("--users", type=int, default=None,
-                         help=f"closed loop: N users, each sends when its last request ends (default {defaults['users']})")
+                         help="closed loop: N users, each sends when its last request ends (default: search for the "
+                              "server's capacity, doubling users from 1 while output throughput rises)")
     arrival.add_argument("--rate", type=float, default=None,
                          help="open loop: Poisson arrivals at R requests/s, whatever the server does")
     g.add_argument("--duration", type=float, default=None,
-                   help=f"seconds of measured load after the warm-up (default {defaults['duration']:g}; "
-                        f"a trace: until its last request)")
+                   help=f"seconds of measured load after the warm-up, per point (default {defaults['duration']:g}; "
+                        f"a capacity search: {defaults['search_duration']:g}; a trace: until its last request)")
     g.add_argument("--warmup", type=float, default=None,
                    help=f"seconds of load first whose requests are recorded but left out of the statistics "
-                        f"(default {defaults['warmup']:g}; a trace: 0)")
+                        f"(default {defaults['warmup']:g}; a capacity search: {defaults['search_warmup']:g}; "
+                        f"a trace: 0)")
+    g.add_argument("--max-users", type=int, default=DEFAULT_MAX_USERS,
+                   help="capacity search: the most users it may try (default %(default)s)")
     g.add_argument("--workload", default=defaults["workload"],
                    help=f"one of {', '.join(sorted(WORKLOADS))}, or trace:FILE to replay a Mooncake JSONL, "
                         f"BurstGPT CSV or Azure LLM inference CSV trace (bundled: {', '.join(SAMPLES)}) "
@@ -82,6 +90,12 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
     g.add_argument("--stop-timeout", type=float, default=120.0,
                    help="seconds in-flight requests get to finish after the duration (default %(default)s)")
     g.add_argument("--out", type=Path, default=None, help="run directory to write (must be new or empty)")
+
+
+def is_search(args: argparse.Namespace) -> bool:
+    """Whether the command searches for the server's capacity: no --users, --rate, --sweep, trace or --ablate."""
+    return (args.users is None and args.rate is None and args.sweep is None and not is_trace(args.workload)
+            and not getattr(args, "ablate", False))
 
 
 def add_master_args(parser: argparse.ArgumentParser) -> None:
@@ -122,11 +136,18 @@ def with_master(configs: list[LoadConfig], args: argparse.Namespace) -> list[Loa
 
 
 def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tuple[list[LoadConfig], Any]:
-    """The load config of every point, and the sweep (``None`` for a single point)."""
+    """The load config of every point, and the sweep (``None`` for a single point).
+
+    For a capacity search (:func:`is_search`) one config, at 1 user, whose users the search replaces.
+    """
     users, rate = args.users, args.rate
     sweep = parse_sweep(args.sweep) if args.sweep else None
     trace = is_trace(args.workload)
     duration, warmup = args.duration, args.warmup
+    if is_search(args):
+        users = 1
+        duration = defaults["search_duration"] if duration is None else duration
+        warmup = defaults["search_warmup"] if warmup is None else warmup
     if trace:
         if sweep is not None:
             raise ValueError("a trace replays its own arrivals: drop --sweep")
@@ -161,15 +182,16 @@ def _out_dir(args: argparse.Namespace, command: str) -> Path:
 def _cmd_load(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from loadtests.orchestrator import run_load
+    from loadtests.orchestrator import SearchOptions, run_load
 
     configs, sweep = configs_from_args(args, LOAD_DEFAULTS)
     configs = with_master(configs, args)
     out = _out_dir(args, "load")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     console = Console(stderr=True)
+    search = SearchOptions(args.max_users, args.model_bytes) if is_search(args) else None
     try:
-        run_load(configs, out, args.target, console, sweep, args.tokenizer, args.served_model, api_key)
+        run_load(configs, out, args.target, console, sweep, args.tokenizer, args.served_model, api_key, search)
     except RunFailedError as exc:
         console.print(f"servescope: error: {exc}")
         return 1
@@ -184,10 +206,17 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     configs, sweep = configs_from_args(args, DIAGNOSE_DEFAULTS)
     out = _out_dir(args, "diagnose")
     console = Console(stderr=True)
-    console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, "
-                  f"{', '.join(c.point_name for c in configs)}, {configs[0].warmup_s:g} s warm-up + "
-                  f"{configs[0].duration_s:g} s per point -> {out}")
+    points = ("a capacity search (users 1, 2, 4, ... while throughput rises)" if is_search(args)
+              else ", ".join(c.point_name for c in configs))
+    console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, {points}, {configs[0].warmup_s:g} s "
+                  f"warm-up + {configs[0].duration_s:g} s per point -> {out}")
     try:
+        if is_search(args):
+            from loadtests.orchestrator import SearchOptions, run_diagnose_search
+
+            run_diagnose_search(configs[0], out, serve_argv(args), args.model, console,
+                                SearchOptions(args.max_users))
+            return 0
         if args.ablate:
             if sweep is not None:
                 raise ValueError("--ablate runs one load point per variant; drop --sweep")
@@ -235,6 +264,9 @@ def register_load(subparsers: Any) -> None:
                    help="tokenizer to cut prompts with: a --model name (default: the served model's when it is one, "
                         "else smollm2-135m)")
     p.add_argument("--api-key", default=None, help="bearer token for the target (or set $SERVESCOPE_API_KEY)")
+    p.add_argument("--model-bytes", type=int, default=None,
+                   help="the served model's weight bytes, for the single-stream bandwidth use when the target runs "
+                        "on this machine (default: known for the --model names)")
     add_load_args(p, LOAD_DEFAULTS)
     add_master_args(p)
     p.set_defaults(func=_cmd_load)

@@ -15,6 +15,8 @@ SLO_METRICS = ("ttft", "tpot", "e2e")
 SWEEP_PARAMETERS = ("users", "rate")
 # Requests per arrival when the ``burst`` workload runs open loop and no --burst-size is given.
 DEFAULT_BURST_SIZE = 8
+# The most closed-loop users a capacity search (loadtests.capacity) tries unless told otherwise.
+DEFAULT_MAX_USERS = 64
 # Where a Locust master listens for its workers by default (Locust's own port, every interface).
 DEFAULT_MASTER_BIND_HOST = "*"
 DEFAULT_MASTER_PORT = 5557
@@ -69,6 +71,7 @@ class LoadConfig:
     time_scale: float = 1.0  # trace replay: multiplies the trace's gaps (2: half speed)
     max_requests: int | None = None  # trace replay: the first N requests of the trace
     turns: int = 4  # chat-sessions: user turns per session
+    token_scale: float = 1.0  # multiplies each request's prompt and output tokens (capacity's tokens experiment)
     master: MasterConfig | None = None  # None: Locust's workers run here (--processes)
 
     def __post_init__(self) -> None:
@@ -112,6 +115,11 @@ class LoadConfig:
                 raise ValueError("chat-sessions sends a conversation's history as messages: use --api chat")
             if self.users is None:
                 raise ValueError("chat-sessions is a closed loop (each user waits for its reply): give --users")
+        if not self.token_scale > 0:
+            raise ValueError(f"token_scale must be > 0, got {self.token_scale}")
+        if self.token_scale != 1.0 and (self.is_trace or self.workload in ("shared-prefix", "chat-sessions")):
+            raise ValueError(f"the {self.workload} workload sets its own lengths; token_scale needs one that "
+                             f"draws them (sharegpt-synth, fixed, mixed, long-context, burst)")
         if self.turns < 1:
             raise ValueError(f"turns must be >= 1, got {self.turns}")
         unknown = sorted(set(self.slo) - set(SLO_METRICS))

@@ -11,14 +11,16 @@ describes the files in each.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from loadtests.capacity import search_capacity
 from loadtests.client_table import merge_journals, take_worker_roster
-from loadtests.config import LoadConfig
+from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.locust_runner import run_locust
 from loadtests.plan import build_plan, write_plan
@@ -32,8 +34,10 @@ from probes.peaks import measure_peaks
 from probes.run_dir import (
     DIAGNOSIS_NAME,
     LOAD_NAME,
+    PEAKS_NAME,
     PLAN_NAME,
     REPORT_NAME,
+    SERVER_LOG_NAME,
     SWEEP_NAME,
     LoadInfo,
     RunDirectory,
@@ -120,8 +124,12 @@ def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: st
 
 def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
-             served_model: str | None = None, api_key: str | None = None) -> Summary:
-    """Each point against an external server; its /metrics (when served) and this host are probed."""
+             served_model: str | None = None, api_key: str | None = None,
+             search: SearchOptions | None = None) -> Summary:
+    """Each point against an external server; its /metrics (when served) and this host are probed.
+
+    With ``search`` (and one config, whose users are ignored), the points are a capacity search's.
+    """
     target = discover_target(url, served_model, api_key)
     probe = probe_request(target, configs[0].api, configs[0].ignore_eos, api_key)
     if probe.dropped_fields:
@@ -133,7 +141,8 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         console.print(f"[yellow]note:[/] no tokenizer for {target.model!r} here; prompts are cut with {name}'s "
                       f"(the server's own count is in each row's num_prompt_tokens); pass --tokenizer to change it")
     tokenizer = load_tokenizer(name)
-    for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
+
+    def run_at(config: LoadConfig, run_dir: Path) -> None:
         session = start_external_probes(run_dir, target, config, dropped_fields=probe.dropped_fields)
         error: BaseException | None = None
         try:
@@ -145,6 +154,26 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
             raise
         finally:
             session.stop(error=error)
+
+    if search is not None:
+        if out.exists() and any(out.iterdir()):
+            raise ValueError(f"{out} is not empty; give --out a new directory")
+        is_local = is_this_machine(target.url)
+        peaks = None
+        if is_local:
+            # NOTE: measured before any load, while the target idles: the roof a single stream is held to.
+            from probes.peaks import measure_peaks
+
+            with console.status("measuring this machine's memory bandwidth (the target runs here)"):
+                peaks = measure_peaks("auto")
+        done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
+                               model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
+        time_reference(out / f"users-{max(done.order)}", target, console, api_key,
+                       ignore_eos=configs[0].ignore_eos)
+        return _finish(out, console)
+    for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
+        run_at(config, run_dir)
+
     time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
                    ignore_eos=configs[-1].ignore_eos)
     return _finish(out, console)
@@ -163,6 +192,73 @@ def time_reference(run_dir: Path, target: Target, console: Console, api_key: str
     except Exception as exc:  # noqa: BLE001 - the run stands; the verdict says execution was not timed
         console.print(f"[yellow]note:[/] timing the target's decode step failed ({type(exc).__name__}: {exc}); "
                       f"execution is not judged from outside")
+
+
+def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], model: str, console: Console,
+                        search: SearchOptions) -> Summary:
+    """A capacity search against one probed server kept alive across its points (a restart per point
+    costs a model load); its probe tables are then cut into each point's run directory."""
+    from loadtests.split_run import split_server_run
+
+    server_dir = out.parent / f".{out.name}-server"
+    if server_dir.exists():
+        raise ValueError(f"{server_dir} exists; remove it or pick another --out")
+    argv = ["--workload-seed", str(base.seed), *serve_argv]
+    point_dirs: list[Path] = []
+    try:
+        with ServerProcess(server_dir, argv) as server:
+            tokenizer = load_tokenizer(model)
+            label = f"starting the server ({model})"
+            with console.status(label) as status:
+                server.wait_healthy(SERVER_STARTUP_TIMEOUT_S,
+                                    lambda elapsed: status.update(f"{label}, {elapsed:.0f} s"))
+            target = discover_target(server.url)
+
+            def run_at(config: LoadConfig, run_dir: Path) -> None:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                point_dirs.append(run_dir)
+                run_point(config, target, run_dir, tokenizer, console,
+                          LoadInfo(config={}, server="servescope (probed)", serve_argv=serve_argv,
+                                   server_pid=server.pid))
+
+            search_capacity(base, out, run_at, console, max_users=search.max_users,
+                            model_bytes=search.model_bytes, is_local=True)
+            with console.status("stopping the server, writing the probes"):
+                returncode = server.stop()
+        if returncode != 0:
+            console.print(f"[yellow]warning:[/] the server exited with status {returncode}; see {server.log_path}")
+        split_server_run(server_dir, point_dirs)
+        shutil.copyfile(server_dir / SERVER_LOG_NAME, out / SERVER_LOG_NAME)
+        if (server_dir / PEAKS_NAME).is_file():
+            shutil.copyfile(server_dir / PEAKS_NAME, out / PEAKS_NAME)
+    finally:
+        shutil.rmtree(server_dir, ignore_errors=True)
+    return _finish(out, console)
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class SearchOptions:
+    """How far a capacity search may go, and what it knows of the model."""
+
+    max_users: int = DEFAULT_MAX_USERS
+    model_bytes: int | None = None
+
+
+def is_this_machine(url: str) -> bool:
+    """Whether ``url``'s host is one of this machine's addresses (then its bandwidth is the one measured here)."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    host = urlsplit(url).hostname or ""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    mine = {a.address.split("%")[0] for nics in psutil.net_if_addrs().values() for a in nics}
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in mine for a in addresses)
 
 
 def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str:
@@ -226,10 +322,19 @@ def _finish(out: Path, console: Console) -> Summary:
         for warning in point.warnings:
             console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
     diagnosis = summary.diagnosis
+    if diagnosis.capacity is not None and diagnosis.has_verdict:
+        from reports.capacity_section import headline
+
+        for line in headline(diagnosis.capacity):
+            console.print(f"[bold]{line}[/]" if line.startswith("Capacity") else line, highlight=False)
     if not diagnosis.has_verdict:
         console.print(f"[bold red]{diagnosis.summary}[/]")
         console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
         raise NoVerdictError(f"the run in {out} cannot be judged: {diagnosis.summary}")
-    console.print(f"bottleneck: [bold]{diagnosis.bottleneck}[/]; wrote {out / DIAGNOSIS_NAME} "
-                  f"and {out / REPORT_NAME}")
+    at = f" (at {diagnosis.label})" if diagnosis.capacity is not None else ""
+    console.print(f"bottleneck{at}: [bold]{diagnosis.bottleneck}[/]: {diagnosis.summary}", highlight=False)
+    evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
+    for e in evidence:
+        console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
+    console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
     return summary

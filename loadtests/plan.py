@@ -41,7 +41,9 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
     """
     overrides: dict[str, object] = {}
     if config.max_tokens is not None:
-        overrides["max_output_tokens"] = config.max_tokens
+        overrides["max_output_tokens"] = max(1, round(config.max_tokens * config.token_scale))
+    if config.token_scale != 1.0:
+        overrides["token_scale"] = config.token_scale
     if config.is_trace:
         overrides.update(time_scale=config.time_scale, max_requests=config.max_requests)
     if config.workload == "chat-sessions":

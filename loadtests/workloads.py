@@ -55,6 +55,7 @@ class Workload:
     name: ClassVar[str] = ""
     max_prompt_tokens: int = 1024
     max_output_tokens: int = 256
+    token_scale: float = 1.0  # multiplies every drawn prompt and output length (capacity's tokens experiment)
 
     def lengths(self, rng: random.Random) -> tuple[int, int]:
         raise NotImplementedError
@@ -67,8 +68,8 @@ class Workload:
         out = []
         for _ in range(num_requests):
             prompt_len, output_len = self.lengths(rng)
-            prompt_len = max(1, min(prompt_len, self.max_prompt_tokens))
-            output_len = max(1, min(output_len, self.max_output_tokens))
+            prompt_len = max(1, min(round(prompt_len * self.token_scale), self.max_prompt_tokens))
+            output_len = max(1, min(round(output_len * self.token_scale), self.max_output_tokens))
             ids = text_window(tokenizer, corpus_ids, prompt_len, rng)
             out.append(WorkItem(ids, tokenizer.decode(ids), output_len))
         return out

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import reports.capacity_rules  # noqa: F401 - registers the capacity rules
 import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
 from probes.execution_paths import EXECUTION_PATHS_NAME, EXECUTION_REFERENCE_NAME, PathTiming
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
+from reports.capacity import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
 from reports.health import RunHealth, run_health
@@ -32,7 +34,7 @@ from reports.roofline import roofline_summary, step_work
 from reports.summary import PointMeasures, RunSummary, point_measures
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
-SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "sweep": 0.7, "client": 0.5}
+SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "capacity": 0.7, "sweep": 0.7, "client": 0.5}
 # Which evidence a verdict may read: all of it, or only what a client of the server has (its
 # timings, its /metrics, and what servescope measured on this machine itself), as `load --target` sees it.
 VIEWS = ("inside", "outside")
@@ -85,6 +87,9 @@ SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_tt
 CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
                    Finding("execution", all_of=("slower_than_optimized",)))
 EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
+# A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
+CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
+                     Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
 
 
 @dataclass(slots=True)
@@ -104,6 +109,7 @@ class Diagnosis:
     label: str = ""
     levers: list[dict[str, Any]] = field(default_factory=list)  # reports.predictions.LeverPrediction, best first
     predictions: dict[str, Any] | None = None  # the step model, the replay check and the predicted verdict
+    capacity: dict[str, Any] | None = None  # reports.capacity.Capacity, after a capacity search
 
     @property
     def has_verdict(self) -> bool:
@@ -114,7 +120,7 @@ class Diagnosis:
                 "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
                 "source": self.source, "evidence": [e.to_dict() for e in self.evidence], "deciding": self.deciding,
                 "also": self.also, "metrics": self.metrics, "label": self.label, "levers": self.levers,
-                "predictions": self.predictions}
+                "predictions": self.predictions, "capacity": self.capacity}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
@@ -125,7 +131,7 @@ class Diagnosis:
                    source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
                    deciding=list(data["deciding"]), also=list(data["also"]), metrics=dict(data["metrics"]),
                    label=data.get("label", ""), levers=list(data.get("levers") or []),
-                   predictions=data.get("predictions"))
+                   predictions=data.get("predictions"), capacity=data.get("capacity"))
 
     def to_json(self) -> str:
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
@@ -160,13 +166,16 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
     """Apply the findings in order to one point's facts."""
     evidence = {name: rule.evaluate(facts) for name, rule in RULES.items()}
     if facts.server is not None:
-        source, findings, fallback = "engine", ENGINE_FINDINGS, ENGINE_FALLBACK
+        source, findings, fallback = "engine", (*ENGINE_FINDINGS, *CAPACITY_FINDINGS), ENGINE_FALLBACK
     else:
-        findings = (*METRICS_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus else (*SWEEP_FINDINGS, *CLIENT_FINDINGS)
+        findings = ((*METRICS_FINDINGS, *CAPACITY_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus
+                    else (*CAPACITY_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS))
         fallback = EXTERNAL_FALLBACK
         source = "prometheus" if facts.prometheus else "sweep" if facts.sweep else "client"
     fired = [f for f in findings if f.fires(evidence)]
     chosen = fired[0] if fired else fallback
+    if facts.server is None and chosen in CAPACITY_FINDINGS:
+        source = "capacity"
     deciding = chosen.deciding(evidence)
     names = [*chosen.all_of, *chosen.any_of, *chosen.support]
     relevant = [evidence[n] for n in dict.fromkeys(names)]
@@ -215,10 +224,12 @@ class Analysis:
     diagnosis: Diagnosis
     point_verdicts: list[Diagnosis]  # one per point (the verdict itself for a single point)
     ablation: AblationTable | None = None
+    capacity: Capacity | None = None
+    focus_index: int = -1  # the point the verdict is about
 
     @property
     def focus(self) -> RunDataset:
-        return self.points[-1]
+        return self.points[self.focus_index]
 
 
 def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
@@ -243,9 +254,13 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
                         diagnosis=verdicts[-1], point_verdicts=verdicts)
     verdicts = [decide(f, p.label) for p, f in zip(points, point_facts, strict=True)]
     sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
-    # NOTE: the heaviest point's facts with the sweep's evidence added; its roofline is not recomputed.
-    facts = dataclasses.replace(point_facts[-1], sweep=sweep)
-    diagnosis = decide(facts, points[-1].label) if sweep is not None else verdicts[-1]
+    search = read_search(run_path)
+    capacity = capacity_result(run_path, search, points, measures) if search is not None else None
+    focus = capacity_focus(capacity, measures) if capacity is not None else len(points) - 1
+    # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
+    facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
+    diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
+    diagnosis.capacity = capacity.to_dict() if capacity is not None else None
     if len(points) > 1:
         diagnosis.metrics["points"] = [
             {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
@@ -254,9 +269,10 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     if index is not None:
         ablation = ablation_table(root, verdict=lambda point: diagnose_dataset(point).bottleneck)
         diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
-    attach_predictions(diagnosis, points[-1])
+    attach_predictions(diagnosis, points[focus])
     return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
-                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation)
+                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation, capacity=capacity,
+                    focus_index=focus)
 
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:

@@ -6,11 +6,14 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from probes.execution_paths import PathTiming
 from reports.measures import ClientMeasures, PrometheusMeasures, ServerMeasures
 from reports.roofline import RooflineSummary
+
+if TYPE_CHECKING:
+    from reports.capacity import Capacity
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
 BOTTLENECKS: tuple[Bottleneck, ...] = ("batching", "cache", "execution", "none")
@@ -81,6 +84,7 @@ class Facts:
     engine_config: dict[str, Any] = field(default_factory=dict)
     sweep: SweepMeasures | None = None
     is_metrics_unread: bool = False  # /metrics was scraped but no adapter knows its names
+    capacity: Capacity | None = None  # after a capacity search: its experiments (reports.capacity_rules)
     execution_paths: PathTiming | None = None  # the run's path against the optimized one (engine runs)
     execution_reference: PathTiming | None = None  # the optimized path on the client's batch (outside view)
 

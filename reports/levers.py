@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reports.capacity_rules import capacity_lever
 from reports.evidence import Bottleneck, Evidence, Facts, num, pct
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
 from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
@@ -9,6 +10,9 @@ from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
 
 def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
     """``(lever to try, one-sentence summary)`` for a verdict."""
+    from_capacity = capacity_lever(deciding, facts)
+    if from_capacity is not None:
+        return from_capacity
     names = {e.name for e in deciding}
     config = facts.engine_config
     s = facts.server

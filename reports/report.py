@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+import reports.capacity_section  # noqa: F401 - puts the capacity section first
 import reports.lever_section  # noqa: F401 - registers the levers section after the verdict
 from probes.run_dir import MANIFEST_NAME, REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
 from reports.diagnosis import Diagnosis, analyze, write_diagnosis
@@ -42,7 +43,7 @@ def build_context(path: str | os.PathLike[str]) -> ReportContext:
     return ReportContext(root=analysis.root, points=analysis.points, focus=analysis.focus,
                          diagnosis=analysis.diagnosis, facts=analysis.facts, summary=analysis.summary,
                          point_verdicts=analysis.point_verdicts, sweep_parameter=analysis.summary.sweep_parameter,
-                         ablation=analysis.ablation)
+                         ablation=analysis.ablation, capacity=analysis.capacity)
 
 
 def render(ctx: ReportContext) -> str:

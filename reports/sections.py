@@ -18,6 +18,7 @@ import plotly.io as pio
 
 from reports import figures
 from reports.ablation import AblationTable
+from reports.capacity import Capacity
 from reports.dataset import RunDataset
 from reports.diagnosis import Diagnosis
 from reports.evidence import Facts
@@ -55,6 +56,7 @@ class ReportContext:
     point_verdicts: list[Diagnosis]
     sweep_parameter: str | None = None
     ablation: AblationTable | None = None
+    capacity: Capacity | None = None
     _figure_count: int = 0
 
     def figure(self, fig: go.Figure | None, caption: str = "") -> Block | None:

@@ -138,17 +138,21 @@ def test_two_worker_processes_merge_into_one_set_of_stats(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_default_diagnose_as_readme_runs_it(tmp_path) -> None:
-    """``servescope diagnose`` with no flags: the bundled smollm2-135m, about 3 minutes on 2 cores."""
+    """``servescope diagnose`` with no flags: the bundled smollm2-135m, a capacity search, about 3 minutes on 2 cores."""
     result = run_cli("diagnose", cwd=tmp_path, timeout_s=600)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1
     out = runs[0]
-    rows = check_nothing_lost(out)
-    check_times(rows)
-    point = json.loads((out / "summary.json").read_text())["points"][0]
-    assert point["model"] == "smollm2-135m" and point["client"]["num_ok"] > 0
-    assert json.loads((out / "diagnosis.json").read_text())["bottleneck"] in VERDICTS
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    assert diagnosis["bottleneck"] in VERDICTS and "Capacity:" in result.stderr
+    capacity = diagnosis["capacity"]
+    assert capacity["concurrency"] in [p["users"] for p in capacity["points"]]
+    for point in capacity["points"]:
+        rows = check_nothing_lost(out / f"users-{point['users']}")
+        check_times(rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(p["model"] == "smollm2-135m" and p["client"]["num_ok"] > 0 for p in summary["points"])
     assert (out / "report.html").is_file()
 
 

@@ -1,0 +1,164 @@
+"""The capacity search: find the concurrency where a server's output throughput stops rising.
+
+Closed-loop users start at 1 and double while throughput rises by at least ``MIN_RISE``; then
+the points around the last rise are filled in, so the knee fit (reports.knee) has points on both
+sides of it. When requests queue past the knee, the capacity point is rerun with
+``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity), which
+tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
+``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
+be judged (reports.health) stops the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
+from probes.peaks import MachinePeaks
+from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from reports.capacity import (
+    CAPACITY_NAME,
+    NO_QUEUE_SHARE,
+    SERIAL_GAIN,
+    CapacitySearch,
+    capacity_result,
+)
+from reports.dataset import RunDataset
+from reports.health import run_health
+from reports.summary import point_measures
+
+# Doubling goes on while a point's throughput is at least this many times the last one's.
+MIN_RISE = 1.15
+# The tokens experiment asks for this many times the tokens per request (prompt and output).
+TOKENS_SCALE = 3.0
+TOKENS_DIR = "tokens-x3"
+
+RunPoint = Callable[[LoadConfig, Path], None]  # runs one load point into a new run directory
+
+
+@dataclasses.dataclass(slots=True)
+class _Measured:
+    users: int
+    output_tokens_per_s: float
+    slo_ok: bool | None  # None without an SLO
+
+
+def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Console, *,
+                    max_users: int = DEFAULT_MAX_USERS, model_bytes: int | None = None,
+                    is_local: bool = False, slo_attainment: float | None = None,
+                    peaks: MachinePeaks | None = None) -> CapacitySearch:
+    """Run the search into ``out`` (new or empty); returns what it ran (also in ``out/capacity.json``)."""
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; give --out a new directory")
+    if max_users < 2:
+        raise ValueError(f"--max-users must be >= 2 for a capacity search, got {max_users}")
+    out.mkdir(parents=True, exist_ok=True)
+    if peaks is not None:
+        RunDirectory(out).write_peaks(peaks)
+    search = CapacitySearch(order=[], stopped="", model_bytes=model_bytes, is_local=is_local)
+    if slo_attainment is not None:
+        search.slo_attainment = slo_attainment
+    measured: dict[int, _Measured] = {}
+
+    def run(users: int) -> _Measured | None:
+        config = dataclasses.replace(base.at_point("users", users), seed=base.seed + len(search.order))
+        run_dir = out / config.point_name
+        console.rule(f"capacity search: {users} user{'s' if users > 1 else ''}")
+        run_at(config, run_dir)
+        search.order.append(users)
+        _write_index(out, search)
+        point = _measure(run_dir, search.slo_attainment)
+        if point is not None:
+            measured[users] = point
+            console.print(f"{users} users: {point.output_tokens_per_s:.1f} output tok/s"
+                          + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"))
+        return point
+
+    users, last = 1, None
+    while True:
+        point = run(users)
+        if point is None:
+            search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
+            return _save(out, search)
+        if last is not None and point.output_tokens_per_s < MIN_RISE * last.output_tokens_per_s:
+            search.stopped = (f"throughput rose less than {MIN_RISE:.2f}x from {last.users} to {users} users "
+                              f"({last.output_tokens_per_s:.1f} -> {point.output_tokens_per_s:.1f} tok/s)")
+            break
+        if point.slo_ok is False:
+            search.stopped = f"the SLO was missed at {users} users"
+            break
+        if users * 2 > max_users:
+            search.stopped = f"reached --max-users {max_users} with throughput still rising"
+            break
+        last, users = point, users * 2
+    for users in refine_points(list(measured), last.users if last is not None else 1):
+        if run(users) is None:
+            search.stopped += f"; the refining point users-{users} could not be judged"
+            return _save(out, search)
+    _save(out, search)
+    if _wants_tokens_experiment(out, search):
+        capacity = _current(out, search).concurrency
+        assert capacity is not None
+        config = dataclasses.replace(base.at_point("users", capacity), token_scale=TOKENS_SCALE,
+                                     seed=base.seed + len(search.order))
+        console.rule(f"tokens experiment: {capacity} users, {TOKENS_SCALE:g}x the tokens per request")
+        run_at(config, out / TOKENS_DIR)
+        search.tokens_dir, search.tokens_scale = TOKENS_DIR, TOKENS_SCALE
+    return _save(out, search)
+
+
+def refine_points(measured: list[int], last_rise: int) -> list[int]:
+    """Users to add around ``last_rise`` (the heaviest point whose throughput still rose): the
+    midpoints between it and its measured neighbours, so the knee has points on both sides."""
+    below = max((u for u in measured if u < last_rise), default=None)
+    above = min((u for u in measured if u > last_rise), default=None)
+    out = []
+    for lo, hi in ((below, last_rise), (last_rise, above)):
+        if lo is None or hi is None:
+            continue
+        mid = round((lo + hi) / 2)
+        if lo < mid < hi and mid not in measured:
+            out.append(mid)
+    return out
+
+
+def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
+    """The point's throughput (and whether its SLO held); None when it cannot be judged."""
+    from reports.capacity import capacity_point
+
+    data = RunDataset.load(run_dir)
+    measures = point_measures(data)
+    if not run_health([data], [measures]).can_judge:
+        return None
+    point = capacity_point(data, measures)
+    slo_ok = None if point.slo_attainment is None else point.slo_attainment["value"] >= slo_attainment
+    return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok)
+
+
+def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity
+    points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
+    return capacity_result(out, search, points, [point_measures(p) for p in points])
+
+
+def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
+    """Whether requests queue past the capacity (and the server is not serial): then seats or memory hold them."""
+    capacity = _current(out, search)
+    if capacity.concurrency is None or capacity.past_knee_users is None:
+        return False
+    if capacity.serial_gain is not None and capacity.serial_gain < SERIAL_GAIN:
+        return False
+    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < NO_QUEUE_SHARE
+
+
+def _write_index(out: Path, search: CapacitySearch) -> None:
+    users = sorted(search.order)
+    RunDirectory(out).save(SWEEP_NAME, SweepIndex("users", [SweepPoint(float(u), f"users-{u}") for u in users]))
+
+
+def _save(out: Path, search: CapacitySearch) -> CapacitySearch:
+    RunDirectory(out).save(CAPACITY_NAME, search)
+    return search

@@ -1,0 +1,88 @@
+"""The capacity search against real servers and real Locust: it finds a known seat limit, and its tokens
+experiment tells a seat-limited server from a memory-limited one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from loadtests.capacity import refine_points
+from loadtests.cli import main
+from loadtests.server_process import ServerProcess
+from tests.loadtests.test_diagnose import check_nothing_lost
+
+# Each engine step burns this much host time, so a step costs about the same at any batch size (as a
+# GPU's decode step does) and throughput grows with the batch until the seats run out.
+STEP_MS = "50"
+SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "4", "--warmup", "1",
+               "--stop-timeout", "15", "--max-users", "16"]
+
+
+def test_no_users_rate_or_sweep_means_a_search() -> None:
+    from loadtests.cli import DIAGNOSE_DEFAULTS, configs_from_args, is_search, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return parser.parse_args(["diagnose", *argv])
+
+    assert is_search(parse())
+    configs, sweep = configs_from_args(parse(), DIAGNOSE_DEFAULTS)
+    assert sweep is None and configs[0].users == 1
+    assert configs[0].duration_s == DIAGNOSE_DEFAULTS["search_duration"]
+    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"],
+                     ["--workload", "trace:sample-mooncake"]):
+        assert not is_search(parse(*explicit)), explicit
+
+
+def test_refining_adds_the_midpoints_on_both_sides_of_the_last_rise() -> None:
+    assert refine_points([1, 2, 4, 8], 4) == [3, 6]
+    assert refine_points([1, 2, 4, 8, 16, 32], 16) == [12, 24]
+    assert refine_points([1, 2], 1) == []  # a serial server: nothing between 1 and 2
+    assert refine_points([1, 2, 4], 2) == [3]  # 1.5 is no whole number of users
+
+
+@pytest.mark.slow
+def test_the_search_finds_the_knee_of_a_server_with_four_seats(tmp_path) -> None:
+    out = tmp_path / "search"
+    assert main(["diagnose", "--model", "dummy:tiny", "--max-num-seqs", "4", "--host-overhead-ms", STEP_MS,
+                 *SEARCH_LOAD, "--out", str(out)]) == 0
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    capacity = diagnosis["capacity"]
+    searched = sorted(p["users"] for p in capacity["points"])
+    assert searched[:4] == [1, 2, 3, 4] and 8 in searched  # doubled, then filled in around the last rise
+    assert capacity["knee"]["has_knee"], capacity["knee"]["reason"]
+    index = searched.index(4)
+    assert capacity["concurrency"] in searched[index - 1:index + 2]  # 4 users, give or take one point
+    assert capacity["output_tokens_per_s"] > 0
+    # One server served the whole search; each point's directory got exactly its own requests' rows.
+    for point in capacity["points"]:
+        check_nothing_lost(out / f"users-{point['users']}")
+    assert (out / "report.html").read_text().count('id="capacity"') == 1
+
+
+def _tokens_limit(tmp_path, name: str, engine_flags: list[str]) -> dict:
+    server = ServerProcess(tmp_path / f"{name}-server",
+                           ["--model", "dummy:tiny", "--host-overhead-ms", STEP_MS, *engine_flags])
+    out = tmp_path / name
+    with server:
+        server.wait_healthy(120.0)
+        assert main(["load", "--target", server.url, "--tokenizer", "dummy:tiny", *SEARCH_LOAD,
+                     "--out", str(out)]) == 0
+    return json.loads((out / "diagnosis.json").read_text())["capacity"]
+
+
+@pytest.mark.slow
+def test_the_tokens_experiment_tells_seats_from_memory(tmp_path) -> None:
+    # Fixed requests: 128 prompt + 16 output tokens = 9 blocks of 16; 36 blocks hold 4 of them, and
+    # 1 of the 3x requests (27 blocks); max_model_len 512 (32 blocks) lets so small a pool start.
+    seats = _tokens_limit(tmp_path, "seats", ["--max-num-seqs", "4"])
+    memory = _tokens_limit(tmp_path, "memory",
+                           ["--max-num-seqs", "32", "--num-kv-blocks", "36", "--max-model-len", "512"])
+    assert seats["tokens"] is not None and memory["tokens"] is not None
+    assert seats["tokens"]["token_ratio"] > 2 and memory["tokens"]["token_ratio"] > 2
+    assert seats["limit"] == "seats", seats["limit_evidence"]
+    assert memory["limit"] == "memory", memory["limit_evidence"]
