@@ -93,9 +93,11 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
 
 
 def is_search(args: argparse.Namespace) -> bool:
-    """Whether the command searches for the server's capacity: no --users, --rate, --sweep, trace or --ablate."""
+    """Whether the command searches for the server's capacity: no --users, --rate, --sweep, trace, --ablate,
+    --retest or --master (each of those runs one load point, or points of its own)."""
     return (args.users is None and args.rate is None and args.sweep is None and not is_trace(args.workload)
-            and not getattr(args, "ablate", False))
+            and not getattr(args, "ablate", False) and getattr(args, "retest", None) is None
+            and not getattr(args, "master", False))
 
 
 def add_master_args(parser: argparse.ArgumentParser) -> None:

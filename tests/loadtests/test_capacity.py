@@ -33,7 +33,7 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     configs, sweep = configs_from_args(parse(), DIAGNOSE_DEFAULTS)
     assert sweep is None and configs[0].users == 1
     assert configs[0].duration_s == DIAGNOSE_DEFAULTS["search_duration"]
-    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"],
+    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"], ["--retest"],
                      ["--workload", "trace:sample-mooncake"]):
         assert not is_search(parse(*explicit)), explicit
 
