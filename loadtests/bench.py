@@ -25,6 +25,8 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     "contiguous": lambda c, w: LLMEngine(replace(c, kv_layout="contiguous"), w),
     "eager": lambda c, w: LLMEngine(replace(c, execution="eager"), w),
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
+    "int8": lambda c, w: LLMEngine(replace(c, weights="int8"), w),
+    "int4": lambda c, w: LLMEngine(replace(c, weights="int4"), w),
     "naive": lambda c, w: NaiveEngine(c, w),
     "static": lambda c, w: StaticBatchEngine(c, w),
 })
