@@ -97,8 +97,8 @@ def test_optimized_cpu_packs_and_reuses_buffers_and_gives_eager_tokens(tiny, dty
     import torch
 
     loaded = tiny if dtype_name == "float32" else load_model("dummy:tiny", torch.bfloat16)
-    eager = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="eager")
-    optimized = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="optimized")
+    eager = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="eager", device="cpu")
+    optimized = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="optimized", device="cpu")
     assert eager.engine.runner.gather_workspace is None
     assert optimized.engine.runner.gather_workspace is not None
     assert optimized.engine.runner.model.model.layers[0].mlp.down_proj.kind == "onednn-packed"

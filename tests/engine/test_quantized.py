@@ -66,7 +66,7 @@ def test_quantized_engines_run_dummy_models_end_to_end() -> None:
     tiny = load_model("dummy:tiny")
     prompts = [[5, 6, 7], [100] * 20]
     for weights in ("int8", "int4"):
-        llm = LLM("dummy:tiny", loaded=tiny, weights=weights)
+        llm = LLM("dummy:tiny", loaded=tiny, weights=weights, device="cpu")
         layer = llm.engine.runner.model.model.layers[0]
         assert layer.mlp.down_proj.kind == weights
         assert llm.engine.runner.model.lm_head.kind == "int8"  # int4 models keep an int8 head
@@ -109,7 +109,7 @@ def test_smollm2_quantized_and_bfloat16_stay_close_to_hf(smollm2_hf, smollm2_loa
     from tests.engine.test_oracle import REAL_PROMPTS, _engine_prefill_logits
 
     overrides, max_logit_error, min_same_tokens = QUANT_CASES[case]
-    llm = LLM("smollm2-135m", loaded=smollm2_loaded, **overrides)
+    llm = LLM("smollm2-135m", loaded=smollm2_loaded, device="cpu", **overrides)
     prompt_ids = [llm.tokenizer.encode(p) for p in REAL_PROMPTS[:4]]
     for ids in prompt_ids:
         ours, theirs = _engine_prefill_logits(llm.engine, ids), hf_last_logits(smollm2_hf, ids)
