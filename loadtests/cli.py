@@ -8,13 +8,23 @@ through the ``servescope.commands`` entry-point group (:func:`register_load`, :f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from loadtests.config import APIS, LoadConfig, parse_slo, parse_sweep
+from loadtests.config import (
+    APIS,
+    DEFAULT_MASTER_BIND_HOST,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_WORKER_WAIT_S,
+    LoadConfig,
+    MasterConfig,
+    parse_slo,
+    parse_sweep,
+)
 from loadtests.errors import RunFailedError
 from loadtests.load_context import API_KEY_ENV
 from loadtests.traces import SAMPLES, read_trace, trace_path
@@ -74,6 +84,43 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
     g.add_argument("--out", type=Path, default=None, help="run directory to write (must be new or empty)")
 
 
+def add_master_args(parser: argparse.ArgumentParser) -> None:
+    """``load``'s flags for a load spread over machines (workers: ``servescope worker``)."""
+    g = parser.add_argument_group("load from many machines")
+    g.add_argument("--master", action="store_true",
+                   help="run only Locust's master here and send the load from `servescope worker` processes, "
+                        "on this machine or others; the run directory is written here as usual")
+    g.add_argument("--expect-workers", type=int, default=None,
+                   help="with --master: how many workers to wait for before the load starts")
+    g.add_argument("--master-bind-host", default=DEFAULT_MASTER_BIND_HOST,
+                   help="with --master: the interface workers connect to (default %(default)s: all)")
+    g.add_argument("--master-bind-port", type=int, default=DEFAULT_MASTER_PORT,
+                   help="with --master: the TCP port workers connect to (default %(default)s)")
+    g.add_argument("--worker-wait", type=float, default=DEFAULT_WORKER_WAIT_S,
+                   help="with --master: seconds to wait for every worker to join before giving up (default %(default)g)")
+
+
+def with_master(configs: list[LoadConfig], args: argparse.Namespace) -> list[LoadConfig]:
+    """The configs as ``--master``/``--expect-workers`` change them (unchanged without --master)."""
+    if not args.master:
+        if args.expect_workers is not None:
+            raise ValueError("--expect-workers needs --master")
+        return configs
+    if args.expect_workers is None:
+        raise ValueError("--master needs --expect-workers N: how many `servescope worker` processes will join")
+    if args.expect_workers < 1:
+        raise ValueError(f"--expect-workers must be >= 1, got {args.expect_workers}")
+    if args.processes != 1:
+        raise ValueError("--processes forks workers on this machine; with --master they join as "
+                         "`servescope worker`: drop --processes")
+    if len(configs) > 1:
+        # NOTE: each point is a Locust run of its own, and Locust's workers leave when their master quits.
+        raise ValueError("--master runs one load point (its workers leave when it ends): drop --sweep, and run "
+                         "one `servescope load --master` per point")
+    master = MasterConfig(args.master_bind_host, args.master_bind_port, args.worker_wait)
+    return [dataclasses.replace(c, processes=args.expect_workers, master=master) for c in configs]
+
+
 def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tuple[list[LoadConfig], Any]:
     """The load config of every point, and the sweep (``None`` for a single point)."""
     users, rate = args.users, args.rate
@@ -117,6 +164,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     from loadtests.orchestrator import run_load
 
     configs, sweep = configs_from_args(args, LOAD_DEFAULTS)
+    configs = with_master(configs, args)
     out = _out_dir(args, "load")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     console = Console(stderr=True)
@@ -177,6 +225,7 @@ def register_load(subparsers: Any) -> None:
                         "else smollm2-135m)")
     p.add_argument("--api-key", default=None, help="bearer token for the target (or set $SERVESCOPE_API_KEY)")
     add_load_args(p, LOAD_DEFAULTS)
+    add_master_args(p)
     p.set_defaults(func=_cmd_load)
 
 
@@ -203,14 +252,16 @@ def register_diagnose(subparsers: Any) -> None:
 def register(subparsers: Any) -> None:
     """Both commands, and ``bench``, for :func:`main`."""
     from loadtests.bench import register as register_bench
+    from loadtests.worker import register_worker
 
     register_load(subparsers)
     register_diagnose(subparsers)
     register_bench(subparsers)
+    register_worker(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m loadtests.cli {load,diagnose,bench} ...``: the same commands without the entry points
+    """``python -m loadtests.cli {load,diagnose,bench,worker} ...``: the same commands without the entry points
     (where the package is not installed, such as a lent GPU machine)."""
     parser = argparse.ArgumentParser(prog="servescope")
     register(parser.add_subparsers(dest="command", required=True))

@@ -15,42 +15,40 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import gevent
 import psutil
 
-from loadtests.records import HEALTH_PREFIX, JOURNAL_SUFFIX, Clock
+from loadtests.records import HEALTH_PREFIX, JOURNAL_SUFFIX, Clock, LineSink
 
 # Seconds between samples: short enough to catch a saturated loop, long enough to cost nothing.
 SAMPLE_INTERVAL_S = 0.2
 
 
 class HealthSampler:
-    """One worker's sampler: a greenlet appending ``{worker, time, loop_lag_s, cpu_share}`` lines."""
+    """One worker's sampler: a greenlet writing ``{worker, time, loop_lag_s, cpu_share}`` lines to ``lines``
+    (its journal file, :func:`health_path`, or its master), which it closes when stopped."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], worker: str, clock: Clock,
-                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(self, lines: LineSink, worker: str, clock: Clock, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self.worker = worker
         self.clock = clock
         self.interval_s = interval_s
-        self.path = health_path(run_dir, worker)
         self.num_samples = 0
         self._process = psutil.Process()
-        self._file: IO[str] | None = None
+        self._lines: LineSink | None = lines
         self._greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self._greenlet = gevent.spawn(self._run)
 
     def stop(self) -> None:
         if self._greenlet is not None:
             self._greenlet.kill()
             self._greenlet = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._lines is not None:
+            self._lines.close()
+            self._lines = None
 
     def _cpu_s(self) -> float:
         times = self._process.cpu_times()
@@ -67,10 +65,9 @@ class HealthSampler:
             last_t, last_cpu = now, cpu
 
     def _write(self, sample: dict[str, Any]) -> None:
-        if self._file is None:
+        if self._lines is None:
             return
-        self._file.write(json.dumps(sample, separators=(",", ":")) + "\n")
-        self._file.flush()
+        self._lines.write_line(json.dumps(sample, separators=(",", ":")))
         self.num_samples += 1
 
 

@@ -18,7 +18,7 @@ from loadtests.records import (
     read_journal,
     read_json_lines,
 )
-from probes.run_dir import CLIENT_HEALTH_TABLE, CLIENT_TABLE, RunDirectory
+from probes.run_dir import CLIENT_HEALTH_TABLE, CLIENT_TABLE, WORKERS_NAME, RunDirectory, WorkerRoster
 from probes.schemas import CLIENT_HEALTH, CLIENT_REQUESTS
 
 
@@ -61,6 +61,14 @@ def merge_health_journals(run_dir: str | os.PathLike[str], remove: bool = True) 
         for path in paths:
             path.unlink()
     return out
+
+
+def take_worker_roster(run_dir: str | os.PathLike[str]) -> WorkerRoster | None:
+    """The Locust master's ``workers.json`` (None without a master), removed: its workers go into ``load.json``."""
+    directory = RunDirectory(run_dir)
+    roster = directory.load(WORKERS_NAME, WorkerRoster)
+    directory.file(WORKERS_NAME).unlink(missing_ok=True)
+    return roster
 
 
 def load_client_requests(run_dir: str | os.PathLike[str]) -> pd.DataFrame:

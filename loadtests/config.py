@@ -15,6 +15,27 @@ SLO_METRICS = ("ttft", "tpot", "e2e")
 SWEEP_PARAMETERS = ("users", "rate")
 # Requests per arrival when the ``burst`` workload runs open loop and no --burst-size is given.
 DEFAULT_BURST_SIZE = 8
+# Where a Locust master listens for its workers by default (Locust's own port, every interface).
+DEFAULT_MASTER_BIND_HOST = "*"
+DEFAULT_MASTER_PORT = 5557
+# Seconds a master waits for its --expect-workers to join before it gives up.
+DEFAULT_WORKER_WAIT_S = 300.0
+
+
+@dataclass(slots=True, frozen=True)
+class MasterConfig:
+    """A run whose Locust workers join from elsewhere (``servescope worker``): where the master listens,
+    and how long it waits for all of them (``LoadConfig.processes``) before it gives up."""
+
+    bind_host: str = DEFAULT_MASTER_BIND_HOST
+    bind_port: int = DEFAULT_MASTER_PORT
+    wait_s: float = DEFAULT_WORKER_WAIT_S
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bind_port <= 65535:
+            raise ValueError(f"master bind port must be in 1..65535, got {self.bind_port}")
+        if not (self.wait_s > 0 and math.isfinite(self.wait_s)):
+            raise ValueError(f"the wait for workers must be a positive number of seconds, got {self.wait_s}")
 
 
 @dataclass(slots=True)
@@ -36,7 +57,7 @@ class LoadConfig:
     warmup_s: float = 10.0
     workload: str = "sharegpt-synth"
     seed: int = 0
-    processes: int = 1
+    processes: int = 1  # Locust worker processes: forked here, or (``master``) joining from anywhere
     max_tokens: int | None = None
     burstiness: float = 1.0
     burst_size: int | None = None  # None: DEFAULT_BURST_SIZE for the burst workload, else 1
@@ -48,9 +69,12 @@ class LoadConfig:
     time_scale: float = 1.0  # trace replay: multiplies the trace's gaps (2: half speed)
     max_requests: int | None = None  # trace replay: the first N requests of the trace
     turns: int = 4  # chat-sessions: user turns per session
+    master: MasterConfig | None = None  # None: Locust's workers run here (--processes)
 
     def __post_init__(self) -> None:
         check_workload_name(self.workload)
+        if isinstance(self.master, dict):  # read back from load.json
+            self.master = MasterConfig(**self.master)
         if self.is_trace:
             if self.users is not None or self.rate is not None:
                 raise ValueError("a trace sets its own arrival times: drop --users/--rate (use --time-scale)")
@@ -76,7 +100,7 @@ class LoadConfig:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
         if self.users is not None and self.users < self.processes:
             raise ValueError(f"{self.users} users cannot keep {self.processes} worker processes busy; "
-                             f"use at least as many users as processes")
+                             f"use at least as many users as {'workers' if self.master else 'processes'}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.burstiness > 0:
@@ -110,6 +134,11 @@ class LoadConfig:
             self.burst_size = DEFAULT_BURST_SIZE if self.workload == "burst" and self.rate is not None else 1
         if self.burst_size < 1:
             raise ValueError(f"burst_size must be >= 1, got {self.burst_size}")
+
+    @property
+    def has_workers(self) -> bool:
+        """Whether Locust runs a master and workers (the client rows travel to the master), not one process."""
+        return self.processes > 1 or self.master is not None
 
     @property
     def is_open_loop(self) -> bool:

@@ -15,6 +15,10 @@ class LocustFailedError(RunFailedError):
     """Locust exited with an error; the message carries its log's tail."""
 
 
+class WorkersMissingError(RunFailedError):
+    """A Locust master gave up waiting for its workers; the message says how many came."""
+
+
 class NoVerdictError(RunFailedError):
     """The run and its report are written, but too many requests failed for a verdict."""
 

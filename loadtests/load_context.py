@@ -1,7 +1,7 @@
 """What a Locust worker process knows about its run, and how it sends, times and reports one request.
 
-Built at ``test_start`` from the ``--ss-*`` options (see :mod:`loadtests.locustfile`); holds the
-plan, this worker's share of it, the journal and the clock. Stdlib and Locust only: no torch.
+Built at ``test_start`` from the ``--ss-*`` options and the plan (see :mod:`loadtests.locustfile`);
+holds the plan, this worker's share of it, the journal and the clock. Stdlib and Locust only: no torch.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from loadtests.arrival import OpenLoopArrivals
-from loadtests.plan import PlannedRequest, read_plan
+from loadtests.plan import PlannedRequest
 from loadtests.records import ClientRecord, Clock, Journal
 from loadtests.sse import StreamTimer
-from probes.run_dir import PLAN_NAME
 
 API_KEY_ENV = "SERVESCOPE_API_KEY"
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -42,8 +40,8 @@ BACKOFF_MAX_S = 2.0
 class LoadContext:
     """One worker's view of the run; ``start_time`` is when its test started (its clock)."""
 
-    run_dir: Path
     plan: list[PlannedRequest]
+    journal: Journal
     model: str
     api: str
     worker_index: int
@@ -58,10 +56,12 @@ class LoadContext:
     is_trace: bool = False  # send each plan item once at its arrival_s (TraceUser)
     clock: Clock = field(default_factory=Clock)
     start_time: float = 0.0
-    journal: Journal | None = None
-    num_sent: int = 0
+    num_sent: int = 0  # plan items taken (a chat session takes all its turns at once)
+    num_started: int = 0  # requests sent: journaled, or still in flight
     num_active_users: int = 0
     num_failures_in_a_row: int = 0
+    # NOTE: called by the worker's last user when the load reaches its deadline (see loadtests.locustfile).
+    on_load_ended: Callable[[], None] = field(default=lambda: None)
     sessions: list[list[int]] = field(init=False)  # chat sessions' plan indices (see next_session)
     num_sessions_taken: int = 0
 
@@ -71,16 +71,14 @@ class LoadContext:
             raise ValueError(f"worker index {self.worker_index} is not below the number of workers "
                              f"{self.num_workers}; pass --ss-num-workers")
         self.start_time = self.clock.now()
-        self.journal = Journal(self.run_dir, self.worker)
 
     @classmethod
-    def from_options(cls, options: Any, worker_index: int) -> LoadContext:
-        run_dir = Path(options.ss_run_dir)
+    def from_options(cls, options: Any, worker_index: int, plan: list[PlannedRequest], journal: Journal) -> LoadContext:
         arrivals = (OpenLoopArrivals(options.ss_rate, options.ss_burstiness, options.ss_burst_size or 1)
                     .for_worker(options.ss_num_workers) if options.ss_rate > 0 else None)
         # NOTE: no --ss-duration (a plain Locust run): users send until Locust stops them.
         duration_s = options.ss_duration if options.ss_duration is not None else math.inf
-        return cls(run_dir=run_dir, plan=read_plan(options.ss_plan or run_dir / PLAN_NAME), model=options.ss_model,
+        return cls(plan=plan, journal=journal, model=options.ss_model,
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
                    warmup_s=options.ss_warmup, duration_s=duration_s, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
@@ -88,7 +86,7 @@ class LoadContext:
 
     @property
     def worker(self) -> str:
-        return f"w{self.worker_index}"
+        return worker_name(self.worker_index)
 
     @property
     def path(self) -> str:
@@ -162,8 +160,12 @@ class LoadContext:
         return self.num_active_users == 0
 
     def close(self) -> None:
-        if self.journal is not None:
-            self.journal.close()
+        self.journal.close()
+
+
+def worker_name(worker_index: int) -> str:
+    """``w0``, ``w1``, ...: the name a worker's client rows and health samples carry."""
+    return f"w{worker_index}"
 
 
 def request_body(model: str, api: str, prompt: str | list[int], max_tokens: int, ignore_eos: bool,
@@ -196,6 +198,7 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
     while scheduled_time is not None and (early_s := scheduled_time - ctx.clock.now()) > 0:
         time.sleep(early_s)
     send = ctx.clock.now()
+    ctx.num_started += 1
     record = ClientRecord(worker=ctx.worker, seq=seq, plan_index=item.index, group=item.group,
                           is_warmup=ctx.is_warmup(send), send_time=send, scheduled_time=scheduled_time,
                           planned_prompt_tokens=item.num_prompt_tokens, max_tokens=item.max_tokens)
@@ -225,8 +228,9 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
             record.error = f"cancelled: {type(exc).__name__}" if not isinstance(exc, Exception) else str(exc)
         raise
     finally:
-        assert ctx.journal is not None
-        if not is_cut_short:
+        if is_cut_short:
+            ctx.num_started -= 1  # NOTE: num_started counts journaled requests and those in flight only
+        else:
             ctx.journal.write(record)
     wait_s = ctx.backoff_s(record.is_ok)
     if record.is_ok:

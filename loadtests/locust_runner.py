@@ -1,7 +1,9 @@
 """Run Locust headless as a child process over our locustfile, and read back the stats it wrote.
 
-One process (``--processes 1``) is Locust's local runner; more is its own master/worker mode
-(``--processes N``: a master plus N forked workers, stats merged by the master).
+One process (``--processes 1``) is Locust's local runner; more is its own master/worker mode:
+``--processes N`` forks N workers here; with ``LoadConfig.master`` the master waits for that many
+``servescope worker`` processes to join from anywhere. Either way the master merges the stats and
+gathers the workers' client rows (:mod:`loadtests.collector`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,18 @@ from pathlib import Path
 import pandas as pd
 
 from loadtests.config import LoadConfig
-from loadtests.errors import LocustFailedError
+from loadtests.errors import LocustFailedError, WorkersMissingError
 from loadtests.load_context import API_KEY_ENV
 from loadtests.processes import kill_group, spawn
-from probes.run_dir import LOCUST_CSV_PREFIX, LOCUST_HTML_NAME, LOCUST_LOG_NAME, LOCUST_STATS_NAME
+from probes.run_dir import (
+    LOCUST_CSV_PREFIX,
+    LOCUST_HTML_NAME,
+    LOCUST_LOG_NAME,
+    LOCUST_STATS_NAME,
+    WORKERS_NAME,
+    RunDirectory,
+    WorkerRoster,
+)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 # Seconds past run time + stop timeout before Locust's own -t stops the run. The run normally
@@ -66,7 +76,11 @@ def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> l
         "--ss-num-workers", str(config.processes), "--ss-ignore-eos", str(int(config.ignore_eos)),
         "--ss-trace", str(int(config.is_trace)),
     ]
-    if config.processes > 1:
+    if config.master is not None:
+        argv += ["--master", "--master-bind-host", config.master.bind_host,
+                 "--master-bind-port", str(config.master.bind_port), "--expect-workers", str(config.processes),
+                 "--expect-workers-max-wait", str(math.ceil(config.master.wait_s))]
+    elif config.processes > 1:
         argv += ["--processes", str(config.processes)]
     return [*argv, user_class]
 
@@ -82,6 +96,8 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
         env[API_KEY_ENV] = api_key
     log_path = run_dir / LOCUST_LOG_NAME
     limit_s = config.run_time_s + 2 * config.stop_timeout_s + RUN_TIME_MARGIN_S + STARTUP_ALLOWANCE_S
+    if config.master is not None:
+        limit_s += config.master.wait_s  # NOTE: -t starts counting once every worker has joined
     started = time.monotonic()
     with open(log_path, "ab") as log:
         process = spawn(locust_command(config, url, run_dir, model), stdout=log,
@@ -102,10 +118,27 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
         kill_group(process)  # workers a crashed master left behind
     wall_s = time.monotonic() - started
     stats_csv = run_dir / LOCUST_STATS_NAME
+    if config.master is not None:
+        _check_workers_came(config, run_dir)
     if process.returncode != 0 or not stats_csv.is_file():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
         raise LocustFailedError(f"Locust exited with status {process.returncode}; {log_path} ends:\n{tail}")
     return LocustRun(process.returncode, stats_csv, log_path, wall_s)
+
+
+def _check_workers_came(config: LoadConfig, run_dir: Path) -> None:
+    """Raise :class:`WorkersMissingError` when the master gave up waiting for its workers."""
+    assert config.master is not None
+    roster = RunDirectory(run_dir).load(WORKERS_NAME, WorkerRoster)
+    if roster is not None and roster.started_at is not None:
+        return
+    came = roster.workers if roster is not None else []
+    names = f" ({', '.join(f'{w.worker} from {w.node}' for w in came)})" if came else ""
+    port = config.master.bind_port
+    raise WorkersMissingError(
+        f"the master waited {config.master.wait_s:g} s on {config.master.bind_host}:{port} for {config.processes} "
+        f"workers; {len(came)} came{names}. Start each with `servescope worker --master-host <this host> "
+        f"--master-port {port}`, or wait longer with --worker-wait")
 
 
 def read_locust_stats(run_dir: Path) -> pd.DataFrame:

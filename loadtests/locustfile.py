@@ -1,19 +1,19 @@
-"""Locust users for OpenAI-compatible LLM servers: run by ``servescope load`` / ``diagnose``, or by plain Locust.
+"""Locust for OpenAI-compatible LLM servers: run by ``servescope load`` / ``diagnose``, or by plain Locust.
 
-``LLMUser`` is the closed loop: each user streams one request, and sends the next when it ends.
-``OpenLoopUser`` is the open loop: one per worker process, it sends on a seeded arrival schedule
-(Poisson, or gamma gaps for burstiness; ``loadtests.arrival``) from a greenlet per request, so a
-slow server never slows the arrivals; run it with as many users as worker processes.
-``TraceUser`` replays a trace the same way, each plan item once at its own ``arrival_s``.
-``ChatSessionUser`` is a closed loop over chat sessions: turn after turn, each sending the whole
-history (the user's messages and the server's own replies so far).
+The user classes (:mod:`loadtests.users`): ``LLMUser`` (closed loop), ``OpenLoopUser`` (seeded
+arrivals), ``TraceUser`` (trace replay), ``ChatSessionUser`` (multi-turn chat). Each streams SSE
+and reports, besides the HTTP row, TTFT, ITL and TPOT as their own Locust rows (request type
+``LLM``), and journals a client row per request. This file holds the ``--ss-*`` options and the
+hooks that run a test: who builds the plan, where the rows go, how the run ends.
 
-Both stream SSE and report, besides the HTTP row, TTFT, ITL and TPOT as their own Locust rows
-(request type ``LLM``), and append a client row per request to the run directory.
+Where the rows go: a lone Locust process (``--processes 1``) appends them to the run directory
+itself. A master's workers (``--processes N``, or ``servescope worker`` on other machines) get
+the plan from the master and send their rows back to it, which appends them to the same files
+(:mod:`loadtests.relay`, :mod:`loadtests.collector`); the worker needs nothing on its own disk.
 
 How a run ends: users stop sending at the deadline (warm-up + duration) and finish what they have
 in flight; when a worker's last user is done, the run quits itself (a worker tells the master,
-which quits once every worker has). Locust's ``-t`` is only a safety bound past that.
+which quits once every worker has, or was lost). Locust's ``-t`` is only a safety bound past that.
 NOTE: Locust's own quit after ``-t`` waits just 0.5 s for workers' last requests and its CSV
 writer a second; the waits below let the final stats reach the master and the CSVs first.
 
@@ -33,37 +33,37 @@ With a plan the orchestrator wrote (``RUN/workload.jsonl``), the run follows its
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gevent
-import gevent.pool
-from locust import HttpUser, constant, events, task
+from locust import events
 from locust.env import Environment
-from locust.exception import StopUser
 from locust.rpc import Message
 from locust.runners import STATE_RUNNING, STATE_SPAWNING, WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
-from urllib3 import PoolManager
 
 from loadtests import web_ui
-from loadtests.arrival import worker_rng
-from loadtests.client_health import HealthSampler
-from loadtests.load_context import API_PATHS, LoadContext, send_request
+from loadtests.client_health import HealthSampler, health_path
+from loadtests.collector import WorkerCollector
+from loadtests.load_context import API_PATHS, LoadContext, worker_name
 from loadtests.plain_run import PlainRuns
+from loadtests.plan import PlannedRequest, read_plan
+from loadtests.records import Journal, LineFile, LineSink
+from loadtests.relay import HEALTH, PLAN_MESSAGE, REQUESTS, RowRelay, decode_plan
+from loadtests.users import CONTEXT_ATTRIBUTE, ChatSessionUser, LLMUser, OpenLoopUser, TraceUser
 from loadtests.workloads import WORKLOADS
 from probes.run_dir import PLAN_NAME
 
+__all__ = ["ChatSessionUser", "LLMUser", "OpenLoopUser", "TraceUser"]  # NOTE: Locust finds its users here
+
 logger = logging.getLogger(__name__)
 
-# Connections an open-loop worker may hold at once (requests in flight beyond it get new ones).
-MAX_OPEN_LOOP_CONNECTIONS = 1024
-CONTEXT_ATTRIBUTE = "servescope_load"
 PLAIN_ATTRIBUTE = "servescope_plain_runs"
-HEALTH_ATTRIBUTE = "servescope_health"
-# How far ahead of its time a trace request's greenlet is created (it then sleeps to the time).
-TRACE_LOOKAHEAD_S = 0.5
-WORKER_DONE_MESSAGE = "servescope_worker_done"
+WORKER_ATTRIBUTE = "servescope_worker_run"
+COLLECTOR_ATTRIBUTE = "servescope_collector"
+PLAN_ATTRIBUTE = "servescope_plan"
 # Seconds to let a last stats report (worker -> master) or CSV write (master, local) happen.
 REPORT_SETTLE_S = WORKER_REPORT_INTERVAL + 0.5
 CSV_SETTLE_S = CSV_STATS_INTERVAL_SEC + 0.5
@@ -123,26 +123,31 @@ def _has_plan(options: Any) -> bool:
     return options.ss_run_dir is not None and (Path(options.ss_run_dir) / PLAN_NAME).is_file()
 
 
+def _plan_path(options: Any) -> Path:
+    return Path(options.ss_plan) if options.ss_plan is not None else Path(options.ss_run_dir) / PLAN_NAME
+
+
 @events.init.add_listener
 def _on_init(environment: Environment, **_kwargs: Any) -> None:
     runner = environment.runner
     options = environment.parsed_options
-    if isinstance(runner, WorkerRunner) or options is None:
-        return  # a worker runs what its master dispatches, with the master's options
+    if isinstance(runner, WorkerRunner):
+        # NOTE: a worker runs what its master dispatches, with the master's options and plan.
+        def on_plan(environment: Environment, msg: Any, **_kwargs: Any) -> None:
+            setattr(environment, PLAN_ATTRIBUTE, decode_plan(msg.data))
+
+        runner.register_message(PLAN_MESSAGE, on_plan)
+        return
+    if options is None:
+        return
     setattr(environment, PLAIN_ATTRIBUTE, None if _has_plan(options) else PlainRuns(options))
     web_ui.install(environment)
     if not options.user_classes:
         # NOTE: Locust runs every user class it finds unless some are named; one kind of loop at a time.
         environment.user_classes[:] = [OpenLoopUser if options.ss_rate > 0 else LLMUser]
     if isinstance(runner, MasterRunner):
-        done_workers: set[int] = set()
-
-        def on_worker_done(environment: Environment, msg: Any, **_kwargs: Any) -> None:
-            done_workers.add(int(msg.data["worker_index"]))
-            if len(done_workers) == environment.parsed_options.ss_num_workers:
-                gevent.spawn(_quit_after, environment, CSV_SETTLE_S)
-
-        runner.register_message(WORKER_DONE_MESSAGE, on_worker_done)
+        setattr(environment, COLLECTOR_ATTRIBUTE,
+                WorkerCollector(environment, lambda: gevent.spawn(_quit_after, environment, CSV_SETTLE_S)))
 
 
 def _quit_after(environment: Environment, delay_s: float) -> None:
@@ -151,24 +156,67 @@ def _quit_after(environment: Environment, delay_s: float) -> None:
         environment.runner.quit()
 
 
-def _tell_done_after(environment: Environment, worker_index: int, delay_s: float) -> None:
+def _tell_done_after(relay: RowRelay, delay_s: float) -> None:
     gevent.sleep(delay_s)
-    if environment.runner is not None:
-        environment.runner.send_message(WORKER_DONE_MESSAGE, {"worker_index": worker_index})
+    relay.done(ended_itself=True)
 
 
-def _user_done(environment: Environment) -> None:
-    """A user stopped; the worker's last one ends the run (see the module docstring)."""
-    context = getattr(environment, CONTEXT_ATTRIBUTE, None)
+def _load_ended(environment: Environment) -> None:
+    """The worker's last user stopped at the deadline: end the run (see the module docstring)."""
     runner = environment.runner
-    if context is None or runner is None or not context.user_finished() or not context.ends_itself:
-        return  # NOTE: in a plain run users stop when Locust (or the web UI) says so, not at a deadline
-    if runner.state not in (STATE_RUNNING, STATE_SPAWNING):
+    if runner is None or runner.state not in (STATE_RUNNING, STATE_SPAWNING):
         return  # already stopping (Locust's -t bound)
-    if isinstance(runner, WorkerRunner):
-        gevent.spawn(_tell_done_after, environment, context.worker_index, REPORT_SETTLE_S)
+    worker: WorkerRun | None = getattr(environment, WORKER_ATTRIBUTE, None)
+    if worker is not None and worker.relay is not None:
+        gevent.spawn(_tell_done_after, worker.relay, REPORT_SETTLE_S)
     else:
         gevent.spawn(_quit_after, environment, CSV_SETTLE_S)
+
+
+@dataclass(slots=True)
+class WorkerRun:
+    """What one process that sends (a lone Locust, or a master's worker) holds for one test."""
+
+    context: LoadContext
+    sampler: HealthSampler
+    relay: RowRelay | None  # a master's worker: its lines go to the master
+
+    @classmethod
+    def start(cls, environment: Environment) -> WorkerRun:
+        runner, options = environment.runner, environment.parsed_options
+        worker_index = max(int(getattr(runner, "worker_index", 0)), 0)
+        worker = worker_name(worker_index)
+        relay: RowRelay | None = None
+        health: LineSink
+        if isinstance(runner, WorkerRunner):
+            plan: list[PlannedRequest] | None = getattr(environment, PLAN_ATTRIBUTE, None)
+            if plan is None:
+                raise RuntimeError("no plan came from the master before its users did")
+            relay = RowRelay(runner.send_message, worker)
+            journal, health = Journal(relay.lines(REQUESTS)), relay.lines(HEALTH)
+        else:
+            if options is None or options.ss_run_dir is None:
+                raise ValueError("the servescope locustfile needs --ss-run-dir")
+            plan = read_plan(_plan_path(options))
+            journal = Journal.in_run_dir(options.ss_run_dir, worker)
+            health = LineFile(health_path(options.ss_run_dir, worker))
+        context = LoadContext.from_options(options, worker_index, plan, journal)
+        context.on_load_ended = lambda: _load_ended(environment)
+        if relay is not None:
+            relay.count_started = lambda: context.num_started
+            relay.start()
+        sampler = HealthSampler(health, worker, context.clock)
+        sampler.start()
+        return cls(context, sampler, relay)
+
+    def stop(self) -> None:
+        """Close the journals; a worker sends its last lines and says every row is sent."""
+        self.sampler.stop()
+        self.context.close()
+        if self.relay is not None:
+            self.relay.close()
+            if not self.relay.is_done:
+                self.relay.done(ended_itself=False)
 
 
 @events.test_start.add_listener
@@ -186,39 +234,38 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
             gevent.spawn(runner.quit if environment.parsed_options.headless else runner.stop)
             return
     if isinstance(runner, MasterRunner):
-        return  # the master only gathers stats; its workers send
-    options = environment.parsed_options
-    if options is None or options.ss_run_dir is None:
-        raise ValueError("the servescope locustfile needs --ss-run-dir")
-    worker_index = max(int(getattr(runner, "worker_index", 0)), 0)
-    context = LoadContext.from_options(options, worker_index)
-    setattr(environment, CONTEXT_ATTRIBUTE, context)
-    previous: HealthSampler | None = getattr(environment, HEALTH_ATTRIBUTE, None)
+        # NOTE: the master only gathers; the plan goes out before Locust's spawn messages.
+        collector: WorkerCollector = getattr(environment, COLLECTOR_ATTRIBUTE)
+        collector.begin(_plan_path(environment.parsed_options))
+        return
+    previous: WorkerRun | None = getattr(environment, WORKER_ATTRIBUTE, None)
     if previous is not None:
         previous.stop()  # a web-UI run started again without a stop between
-    sampler = HealthSampler(context.run_dir, context.worker, context.clock)
-    sampler.start()
-    setattr(environment, HEALTH_ATTRIBUTE, sampler)
+    setattr(environment, WORKER_ATTRIBUTE, WorkerRun.start(environment))
+    setattr(environment, CONTEXT_ATTRIBUTE, getattr(environment, WORKER_ATTRIBUTE).context)
 
 
 @events.test_stop.add_listener
 def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
-    context = getattr(environment, CONTEXT_ATTRIBUTE, None)
-    if context is not None:
-        context.close()
-    sampler: HealthSampler | None = getattr(environment, HEALTH_ATTRIBUTE, None)
-    if sampler is not None:
-        sampler.stop()
+    worker: WorkerRun | None = getattr(environment, WORKER_ATTRIBUTE, None)
+    if worker is not None:
+        worker.stop()
+        setattr(environment, WORKER_ATTRIBUTE, None)
+    runner = environment.runner
+    collector: WorkerCollector | None = getattr(environment, COLLECTOR_ATTRIBUTE, None)
     plain: PlainRuns | None = getattr(environment, PLAIN_ATTRIBUTE, None)
     if plain is None or plain.current is None:
+        if collector is not None:
+            collector.end()
         return
     plain.current.note_stopped()
-    runner = environment.runner
     if isinstance(runner, MasterRunner):
         _stop_workers(runner, environment.stop_timeout or 0.0)
-        gevent.sleep(REPORT_SETTLE_S)  # the workers' last stats reports
+        gevent.sleep(REPORT_SETTLE_S)  # the workers' last stats reports (and their last rows)
     elif getattr(environment.parsed_options, "csv_prefix", None):
         gevent.sleep(CSV_SETTLE_S)  # Locust's --csv writer (once a second) takes in the last requests
+    if collector is not None:
+        collector.end()
     _finish_plain_run(environment)
 
 
@@ -246,142 +293,3 @@ def _finish_plain_run(environment: Environment) -> None:
             logger.exception("servescope: writing the plain run's directory failed")
 
 
-def load_context(environment: Environment) -> LoadContext:
-    context = getattr(environment, CONTEXT_ATTRIBUTE, None)
-    if context is None:
-        raise RuntimeError("the run's context is missing: test_start did not run on this worker")
-    return context
-
-
-class ClosedLoopUser(HttpUser):
-    """What every closed-loop user shares: no wait between requests, counted in and out of the run."""
-
-    abstract = True
-    wait_time = constant(0)
-
-    def on_start(self) -> None:
-        load_context(self.environment).user_started()
-
-    def on_stop(self) -> None:
-        _user_done(self.environment)
-
-
-class LLMUser(ClosedLoopUser):
-    """Closed loop: send, stream to the end, send the next; stops sending at the run's deadline."""
-
-    @task
-    def stream_one(self) -> None:
-        context = load_context(self.environment)
-        if context.arrivals is not None or context.is_trace:
-            raise StopUser()  # an open-loop run uses OpenLoopUser, a trace TraceUser
-        if context.clock.now() >= context.deadline:
-            raise StopUser()
-        send_request(self.client, context, self.environment.events.request.fire)
-
-
-class ChatSessionUser(ClosedLoopUser):
-    """Closed loop over chat sessions: each turn sends the history so far and waits for its reply."""
-
-    @task
-    def converse(self) -> None:
-        context = load_context(self.environment)
-        messages: list[dict[str, str]] = []
-        for seq, item in context.next_session():
-            if context.clock.now() >= context.deadline:
-                raise StopUser()
-            messages.append({"role": "user", "content": item.prompt})
-            reply = send_request(self.client, context, self.environment.events.request.fire, None, (seq, item),
-                                 list(messages))
-            if reply is None:
-                return  # a failed turn ends its session; the next task starts a new one
-            messages.append({"role": "assistant", "content": reply})
-
-
-class OpenLoopUser(HttpUser):
-    """Open loop: one per worker; each arrival of the seeded schedule goes out on its own greenlet."""
-
-    wait_time = constant(0)
-
-    def __init__(self, environment: Environment) -> None:
-        # NOTE: before HttpUser.__init__, which hands it to the session: many requests in flight at once.
-        self.pool_manager = PoolManager(maxsize=MAX_OPEN_LOOP_CONNECTIONS, block=False)
-        super().__init__(environment)
-        self._in_flight = gevent.pool.Group()
-        self._next_arrival: float | None = None
-        self._gaps: Any = None
-
-    def on_start(self) -> None:
-        context = load_context(self.environment)
-        context.user_started()
-        if context.arrivals is None:
-            return  # a closed-loop run uses LLMUser: this one stops at its first task
-        if context.num_active_users > 1:
-            # NOTE: each worker's one OpenLoopUser sends that worker's whole share of the rate.
-            logger.warning("servescope: one OpenLoopUser per worker process sends at --ss-rate; the others stop")
-            return
-        self._gaps = context.arrivals.gaps(worker_rng(context.seed, context.worker_index))
-        self._next_arrival = context.clock.now()
-
-    @task
-    def arrive(self) -> None:
-        context = load_context(self.environment)
-        if self._gaps is None:
-            raise StopUser()  # not this worker's sender (see on_start)
-        assert context.arrivals is not None and self._next_arrival is not None
-        self._next_arrival += next(self._gaps)
-        # NOTE: no arrival after the deadline, but the run still lasts until it: the user waits there.
-        gevent.sleep(max(min(self._next_arrival, context.deadline) - context.clock.now(), 0.0))
-        if self._next_arrival >= context.deadline:
-            self._in_flight.join()
-            raise StopUser()
-        # NOTE: a late scheduler sends at once rather than skipping: the schedule is kept, and the
-        # lag shows as send_time - scheduled_time in the client rows.
-        for _ in range(context.arrivals.burst_size):
-            self._in_flight.spawn(send_request, self.client, context, self.environment.events.request.fire,
-                                  self._next_arrival)
-
-    def on_stop(self) -> None:
-        context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)
-        self._in_flight.join(timeout=context.stop_timeout_s if context else None)
-        _user_done(self.environment)
-
-
-class TraceUser(HttpUser):
-    """Trace replay: one per worker; each plan item goes out once, on its own greenlet, at its ``arrival_s``."""
-
-    wait_time = constant(0)
-
-    def __init__(self, environment: Environment) -> None:
-        self.pool_manager = PoolManager(maxsize=MAX_OPEN_LOOP_CONNECTIONS, block=False)
-        super().__init__(environment)
-        self._in_flight = gevent.pool.Group()
-
-    def on_start(self) -> None:
-        context = load_context(self.environment)
-        context.user_started()
-        if not context.is_trace:
-            raise StopUser()
-
-    @task
-    def replay(self) -> None:
-        context = load_context(self.environment)
-        for _ in range(context.num_trace_items):
-            seq, item = context.next_item()
-            assert item.arrival_s is not None, "a trace plan gives every item its arrival time"
-            scheduled = context.start_time + item.arrival_s
-            if scheduled >= context.deadline:
-                break
-            # NOTE: each request's greenlet is armed a little ahead and sleeps to its own time, so
-            # it sends the moment its timer fires, not one scheduling hop later; a late one sends
-            # at once, and its lag shows as send_time - scheduled_time in the client rows.
-            gevent.sleep(max(scheduled - TRACE_LOOKAHEAD_S - context.clock.now(), 0.0))
-            self._in_flight.add(gevent.spawn_later(
-                max(scheduled - context.clock.now(), 0.0), send_request, self.client, context,
-                self.environment.events.request.fire, scheduled, (seq, item)))
-        self._in_flight.join()
-        raise StopUser()
-
-    def on_stop(self) -> None:
-        context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)
-        self._in_flight.join(timeout=context.stop_timeout_s if context else None)
-        _user_done(self.environment)

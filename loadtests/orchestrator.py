@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from loadtests.client_table import merge_journals
+from loadtests.client_table import merge_journals, take_worker_roster
 from loadtests.config import LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.locust_runner import run_locust
@@ -61,8 +61,10 @@ def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: Toke
         locust = run_locust(config, target.url, run_dir, target.model, on_tick=progress.tick, api_key=api_key)
         progress.tick(locust.wall_s)
     merge_journals(run_dir)
+    roster = take_worker_roster(run_dir)
     directory.save(LOAD_NAME, dataclasses.replace(info, finished_at=time.time(), locust_returncode=locust.returncode,
-                                                  locust_wall_s=locust.wall_s))
+                                                  locust_wall_s=locust.wall_s,
+                                                  workers=roster.workers if roster is not None else None))
 
 
 def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], model: str, console: Console,

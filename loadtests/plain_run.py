@@ -5,8 +5,7 @@ Locust run: at ``test_start`` it asks the target for its model (``/v1/models``),
 of the default workload with the tokenizer ``servescope load`` would pick, starts the host and
 ``/metrics`` probes (in their own process, :mod:`loadtests.probe_process`), and writes
 ``load.json`` and ``workload.jsonl`` into a new run directory;
-the workers then read that plan as in an orchestrated run (:mod:`loadtests.locustfile` hands them
-its path through Locust's options). While the test runs, the user count is sampled, so changes
+the master then sends that plan to its workers as in an orchestrated run (:mod:`loadtests.relay`). While the test runs, the user count is sampled, so changes
 made from the web UI show as steps (``load.json``'s ``users_timeline``). When the test stops, the
 client rows are merged and Locust's stats, the summary and the report are written, as
 ``servescope load`` writes them; ``servescope report DIR`` rewrites the report.
@@ -180,7 +179,7 @@ class PlainRun:
         """Stop the probes; merge the client rows; write Locust's stats, ``load.json``, the summary and report."""
         from rich.console import Console
 
-        from loadtests.client_table import merge_journals
+        from loadtests.client_table import merge_journals, take_worker_roster
         from loadtests.errors import RunFailedError
         from loadtests.orchestrator import _finish
 
@@ -193,6 +192,7 @@ class PlainRun:
         if self.probes.stop() != 0:
             logger.warning("servescope: the probe process failed; its tables in %s may be missing", self.run_dir)
         merge_journals(self.run_dir)
+        roster = take_worker_roster(self.run_dir)
         write_locust_stats(environment, self.run_dir)
         self.note_stopped()
         assert self.stopped_at is not None
@@ -202,7 +202,8 @@ class PlainRun:
             self.config = dataclasses.replace(self.config, users=max(peak_users, self.config.processes))
         self.config = dataclasses.replace(
             self.config, duration_s=max(self.stopped_at - self.started_at - self.config.warmup_s, 1e-3))
-        self.write_load_info(stopped_at=self.stopped_at, finished_at=time.time())
+        self.write_load_info(stopped_at=self.stopped_at, finished_at=time.time(),
+                             workers=roster.workers if roster is not None else None)
         try:
             _finish(self.run_dir, Console(stderr=True))
         except (RunFailedError, ValueError, FileNotFoundError) as exc:

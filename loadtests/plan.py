@@ -80,7 +80,12 @@ def write_plan(path: str | os.PathLike[str], plan: list[PlannedRequest]) -> Path
 
 def read_plan(path: str | os.PathLike[str]) -> list[PlannedRequest]:
     with open(path, encoding="utf-8") as f:
-        plan = [PlannedRequest(**json.loads(line)) for line in f if line.strip()]
+        return parse_plan(f.read(), str(path))
+
+
+def parse_plan(text: str, source: str) -> list[PlannedRequest]:
+    """The plan in ``text`` (``workload.jsonl``'s lines); ``source`` names where it came from in errors."""
+    plan = [PlannedRequest(**json.loads(line)) for line in text.splitlines() if line.strip()]
     if not plan:
-        raise ValueError(f"{path} holds no requests")
+        raise ValueError(f"{source} holds no requests")
     return plan

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loadtests.records import ClientRecord, journal_paths
+from probes.run_dir import WORKERS_NAME, RunDirectory, RunFileError, WorkerRoster
 from reports.summary import RunSummary
 
 RECENT_WINDOW_S = 5.0
@@ -116,6 +117,13 @@ class LoadProgress:
 
     def tick(self, elapsed_s: float) -> None:
         self.counts.add(self.tail.poll())
+        roster = self._roster()
+        if roster is not None and roster.started_at is None:
+            self._progress.update(self._task, completed=0, phase="waiting",
+                                  description=f"{len(roster.workers)} of {roster.num_expected} workers joined")
+            return
+        if roster is not None and roster.started_at is not None:
+            elapsed_s = time.time() - roster.started_at  # NOTE: the load starts once every worker joined
         if elapsed_s < self.warmup_s:
             phase = "warm-up"
         elif elapsed_s < self.warmup_s + self.duration_s:
@@ -133,6 +141,13 @@ class LoadProgress:
                              f" / KV {gauges.get('kv', 0) * 100:.0f}%")
         self._progress.update(self._task, completed=min(elapsed_s, self.warmup_s + self.duration_s), phase=phase,
                               description=" | ".join(parts))
+
+    def _roster(self) -> WorkerRoster | None:
+        """The Locust master's roster (a run with workers), or None; a half-written one counts as absent."""
+        try:
+            return RunDirectory(self.tail.run_dir).load(WORKERS_NAME, WorkerRoster)
+        except RunFileError:
+            return None
 
     def __enter__(self) -> LoadProgress:
         self._progress.start()

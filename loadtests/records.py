@@ -1,7 +1,9 @@
-"""Client-side rows, one per request, as each Locust worker writes them: ``client_requests-<worker>.jsonl``.
+"""Client-side rows, one per request, as each Locust worker journals them: ``client_requests-<worker>.jsonl``.
 
-Light on purpose (stdlib only): Locust's processes import it. The orchestrator merges the
-per-worker journals into ``client_requests.parquet`` (see :mod:`loadtests.client_table`).
+Light on purpose (stdlib only): Locust's processes import it. A lone Locust process writes its
+journal into the run directory itself; the workers of a master send their lines to it, and it
+appends them to the same files (:mod:`loadtests.relay`). The orchestrator merges the per-worker
+journals into ``client_requests.parquet`` (see :mod:`loadtests.client_table`).
 
 Times are seconds since the epoch from :class:`Clock`: ``time.time()`` at the clock's creation
 plus ``time.perf_counter()`` since, so they line up with the server's probes (``time.time()``)
@@ -17,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 JOURNAL_PREFIX = "client_requests-"
 JOURNAL_SUFFIX = ".jsonl"
@@ -103,30 +105,56 @@ class ClientRecord:
         return cls(**data)
 
 
-class Journal:
-    """Appends records to one worker's JSON-lines file, one flushed line each.
+class LineSink(Protocol):
+    """Where a worker's JSON lines go: a file in the run directory, or (a worker of a master) the master."""
+
+    def write_line(self, line: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LineFile:
+    """Appends lines to one file, each flushed at once.
 
     NOTE: a line per finished request, flushed at once, so a worker that dies loses only the
     requests it had in flight; the merge skips a torn last line.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], worker: str) -> None:
-        self.path = journal_path(run_dir, worker)
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.num_records = 0
 
-    def write(self, record: ClientRecord) -> None:
+    def write_line(self, line: str) -> None:
         if self._file is None:
-            raise RuntimeError(f"journal {self.path} is closed")
-        self._file.write(record.to_json() + "\n")
+            raise RuntimeError(f"{self.path} is closed")
+        self._file.write(line + "\n")
         self._file.flush()
-        self.num_records += 1
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class Journal:
+    """A worker's client rows, one JSON line per request, into ``lines``."""
+
+    def __init__(self, lines: LineSink) -> None:
+        self._lines = lines
+        self.num_records = 0
+
+    @classmethod
+    def in_run_dir(cls, run_dir: str | os.PathLike[str], worker: str) -> Journal:
+        """The journal file ``client_requests-<worker>.jsonl`` of ``run_dir`` (appended to)."""
+        return cls(LineFile(journal_path(run_dir, worker)))
+
+    def write(self, record: ClientRecord) -> None:
+        self._lines.write_line(record.to_json())
+        self.num_records += 1
+
+    def close(self) -> None:
+        self._lines.close()
 
     def __enter__(self) -> Journal:
         return self

@@ -9,7 +9,8 @@ This module owns the layout; every writer and reader of a run directory goes thr
     client_health.parquet         each load worker's event-loop lag and CPU, sampled (probes.schemas.CLIENT_HEALTH)
     trace.json                    Chrome / Perfetto trace
     machine_peaks.json            probes.peaks.MachinePeaks, measured before the engine started
-    load.json                     LoadInfo: the load point's config, its target and model
+    load.json                     LoadInfo: the load point's config, its target and model, its load workers
+    workers.json                  WorkerRoster: while a Locust master runs, the workers that joined it (then in load.json)
     workload.jsonl                the request plan (loadtests.plan)
     locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
     summary.json                  the measures of every point (reports.summary.RunSummary)
@@ -58,6 +59,7 @@ LOCUST_STATS_NAME = f"{LOCUST_CSV_PREFIX}_stats.csv"
 LOCUST_HTML_NAME = "locust.html"
 LOCUST_LOG_NAME = "locust.log"
 SERVER_LOG_NAME = "server.log"
+WORKERS_NAME = "workers.json"
 PORT_FILE_NAME = ".server-port.json"
 GPU_CHECK_NAME = "gpu_check.json"
 PARQUET_SUFFIX = ".parquet"
@@ -77,6 +79,62 @@ class JsonRecord(Protocol):
 
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R: ...
+
+
+# Why a worker dropped out of a run before it was done (LoadWorker.lost).
+LOST_MISSED_HEARTBEATS = "stopped answering the master's heartbeats"
+LOST_LEFT_EARLY = "left the master before it was done"
+LOST_CUT_OFF = "had not sent all its rows when the master stopped"
+
+
+@dataclass(slots=True)
+class LoadWorker:
+    """One Locust worker process of a run with a master (``--processes N`` or ``--master``), as the master saw it."""
+
+    worker: str  # "w0": the name its client rows carry
+    node: str  # Locust's id for it: the worker's host name and a random suffix
+    num_rows: int = 0  # client rows the master received from it
+    num_started: int = 0  # requests it had sent by its last message, recorded or in flight
+    is_done: bool = False  # it said its users had finished and its rows were all sent
+    lost: str | None = None  # why it dropped out before it was done (LOST_*); None: it was not lost
+
+    @property
+    def num_unrecorded(self) -> int:
+        """Requests it had sent, as of its last message, whose rows never reached the master."""
+        return max(self.num_started - self.num_rows, 0)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadWorker:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(slots=True)
+class WorkerRoster:
+    """``workers.json``: the workers a Locust master waited for, and each that joined, as it stands now.
+
+    Written by the master while Locust runs (each join, finish or loss); the orchestrator moves
+    its workers into ``load.json`` when the run ends.
+    """
+
+    num_expected: int
+    workers: list[LoadWorker]
+    started_at: float | None = None  # when the test started (every expected worker had joined)
+
+    @property
+    def lost(self) -> list[LoadWorker]:
+        return [w for w in self.workers if w.lost is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerRoster:
+        try:
+            return cls(int(data["num_expected"]), [LoadWorker.from_dict(w) for w in data["workers"]],
+                       data.get("started_at"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunFileError(f"{WORKERS_NAME} is malformed: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(slots=True)
@@ -101,6 +159,11 @@ class LoadInfo:
     started_by: str | None = None  # "locust (plain)" for a run started with `locust -f`, else servescope
     users_timeline: list[dict[str, float]] | None = None  # {"time", "users"} at each user-count change
     stopped_at: float | None = None  # when the load ended (before the run was written)
+    workers: list[LoadWorker] | None = None  # a run with a Locust master: each worker, lost ones marked
+
+    @property
+    def lost_workers(self) -> list[LoadWorker]:
+        return [w for w in self.workers or [] if w.lost is not None]
 
     @property
     def point(self) -> str | None:
@@ -124,7 +187,10 @@ class LoadInfo:
         if not isinstance(data.get("config"), dict):
             raise RunFileError(f"{LOAD_NAME} needs a 'config' object")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        if fields.get("workers") is not None:
+            fields["workers"] = [LoadWorker.from_dict(w) for w in fields["workers"]]
+        return cls(**fields)
 
 
 @dataclass(frozen=True, slots=True)

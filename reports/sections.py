@@ -330,7 +330,7 @@ class RunSection(Section):
                                           for n, p in m.probes.items())]]
             if m.error:
                 rows.append(["error", m.error])
-        out = [table(["", ""], rows), workers_table(ctx)]
+        out = [table(["", ""], rows), workers_table(ctx), load_workers_table(ctx)]
         stats = ctx.focus.locust_stats
         if stats is not None and len(stats):
             columns = [c for c in ("Type", "Name", "Request Count", "Failure Count", "Median Response Time",
@@ -352,6 +352,18 @@ def workers_table(ctx: ReportContext) -> Block:
     return table(["worker", "samples", "CPU p50 (of a core)", "CPU max", "loop lag p50 ms", "loop lag p95 ms",
                   "loop lag max ms", "chunks/s", "requests/s"], rows,
                  caption="The load generator's own health: a busy or late worker reads the server's timing late")
+
+
+def load_workers_table(ctx: ReportContext) -> Block | None:
+    """Each Locust worker of a run with a master, as the master saw it: rows brought home, lost or not."""
+    info = ctx.focus.load_info
+    if info is None or not info.workers:
+        return None
+    rows = [[w.worker, w.node, w.num_rows, w.num_started, w.num_unrecorded,
+             f"lost: it {w.lost}" if w.lost is not None else "finished"] for w in info.workers]
+    return table(["worker", "Locust node", "requests recorded", "requests sent", "sent, not recorded", "state"],
+                 rows, caption="The load workers, as their master saw them (a lost worker's recorded requests "
+                               "are in every figure; the load after it was lost came from the others)")
 
 
 def prefix_cache_line(ctx: ReportContext) -> str:

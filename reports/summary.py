@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probes.run_dir import LoadWorker
 from reports.dataset import RunDataset
 from reports.measures import (
     ClientMeasures,
@@ -92,7 +93,7 @@ class WorkerHealth:
 class RunWarning:
     """Something that makes a run's client-side figures suspect, measured; ``kind`` names the check."""
 
-    kind: str  # client_cpu, client_ceiling or open_loop_lag
+    kind: str  # client_cpu, client_ceiling, open_loop_lag or lost_worker
     message: str
     value: float
     limit: float
@@ -170,7 +171,8 @@ def point_measures(data: RunDataset) -> PointMeasures:
         num_warmup_requests=int(client["is_warmup"].sum()) if client is not None else 0,
         client=client_measures(data), server=server_measures(data), prometheus=prometheus_measures(data),
         open_loop=open_loop, accounting=accounting(data), workers=workers,
-        warnings=client_warnings(workers, open_loop, int(data.load_config.get("processes") or len(workers) or 1)),
+        warnings=[*client_warnings(workers, open_loop, int(data.load_config.get("processes") or len(workers) or 1)),
+                  *lost_worker_warnings(data.load_info.lost_workers if data.load_info is not None else [])],
     )
 
 
@@ -225,6 +227,14 @@ def client_warnings(workers: list[WorkerHealth], open_loop: OpenLoopMeasures | N
             f"late at p95 (above {OPEN_LOOP_LAG_LIMIT_S * 1000:.0f} ms), so the offered rate was not the rate "
             f"sent", lag["p95"], OPEN_LOOP_LAG_LIMIT_S))
     return out
+
+
+def lost_worker_warnings(lost: list[LoadWorker]) -> list[RunWarning]:
+    """A load worker that dropped out mid-run: its rows so far are in, what it had in flight is not."""
+    return [RunWarning(
+        "lost_worker", f"load worker {w.worker} ({w.node}) was lost mid-run: it {w.lost}; {w.num_rows} of its "
+        f"requests were recorded, and at least {w.num_unrecorded} more it had sent were not (those in flight at its "
+        f"last message); the load after that came from the other workers only", float(w.num_unrecorded), 0.0) for w in lost]
 
 
 def open_loop_measures(data: RunDataset) -> OpenLoopMeasures | None:

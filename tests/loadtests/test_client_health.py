@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from loadtests.client_health import HealthSampler, health_path
 from loadtests.client_table import merge_journals
-from loadtests.records import Clock
+from loadtests.records import Clock, LineFile
 from probes.run_dir import CLIENT_HEALTH_TABLE, RunDirectory
 from probes.schemas import CLIENT_HEALTH
 
@@ -22,7 +22,7 @@ def _burn(seconds: float) -> None:
 
 
 def test_a_blocked_event_loop_reads_as_lag_and_cpu(tmp_path) -> None:
-    sampler = HealthSampler(tmp_path, "w0", Clock(), interval_s=0.05)
+    sampler = HealthSampler(LineFile(health_path(tmp_path, "w0")), "w0", Clock(), interval_s=0.05)
     sampler.start()
     gevent.sleep(0.3)  # idle: the sampler wakes on time
     _burn(0.5)  # what a saturated client does to every greenlet, the token readers' included

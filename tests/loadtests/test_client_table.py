@@ -19,7 +19,7 @@ def record(worker: str, seq: int, send: float, **fields: object) -> ClientRecord
 
 
 def test_merge_sorts_by_send_time_and_derives_latencies(tmp_path) -> None:
-    with Journal(tmp_path, "w0") as j0, Journal(tmp_path, "w1") as j1:
+    with Journal.in_run_dir(tmp_path, "w0") as j0, Journal.in_run_dir(tmp_path, "w1") as j1:
         j0.write(record("w0", 0, 10.0))
         j1.write(record("w1", 0, 5.0))
         j1.write(record("w1", 1, 20.0, status_code=503, error="HTTP 503: busy", first_token_time=None,
@@ -40,7 +40,7 @@ def test_merge_sorts_by_send_time_and_derives_latencies(tmp_path) -> None:
 
 
 def test_a_torn_last_line_is_dropped_and_a_torn_middle_line_is_an_error(tmp_path) -> None:
-    with Journal(tmp_path, "w0") as journal:
+    with Journal.in_run_dir(tmp_path, "w0") as journal:
         journal.write(record("w0", 0, 1.0))
     path = journal_paths(tmp_path)[0]
     with open(path, "a") as f:

@@ -92,6 +92,11 @@ def test_plain_master_worker_run_counts_every_workers_requests(tmp_path: Path, d
     # NOTE: the master quits at -t before its workers stop; the run waits for them, so all counts agree.
     accounting = json.loads((run_dir / "summary.json").read_text())["points"][0]["accounting"]
     assert accounting["is_consistent"] and accounting["client_rows"] == len(rows), accounting
+    # The master collected both workers' rows; neither was lost on the way out.
+    workers = json.loads((run_dir / "load.json").read_text())["workers"]
+    assert sorted(w["worker"] for w in workers) == ["w0", "w1"]
+    assert all(w["is_done"] and w["lost"] is None for w in workers), workers
+    assert sum(w["num_rows"] for w in workers) == len(rows)
     stats = pd.read_csv(f"{csv_prefix}_stats.csv")
     assert int(stats.loc[stats["Type"] == "POST", "Request Count"].sum()) == len(rows)
 
