@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -12,13 +13,15 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.ops import TORCH_OPS, ModelOps, triton_ops
-from engine.model.projection import ProjectionKind
+from engine.model.projection import ProjectionKind, native_bf16_gemm
 from engine.model.weights import ModelWeights
 from engine.outputs import TokenLogprob
 from engine.request import RequestId
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.weights import LoadedModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -49,6 +52,7 @@ class ModelRunner:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = config.torch_device
+        self._warn_if_bf16_is_emulated()
         self.ops = self._model_ops()
         self.attention_backend = self.ops.attention
         self.model = LlamaForCausalLM(loaded.config, self._model_weights(loaded), self.ops).eval()
@@ -68,6 +72,11 @@ class ModelRunner:
                               device=self.device)
         graphs.capture()
         return graphs
+
+    def _warn_if_bf16_is_emulated(self) -> None:
+        if self.device.type == "cpu" and self.config.dtype == "bfloat16" and native_bf16_gemm() is None:
+            logger.warning("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: its GEMMs are emulated and may be "
+                           "slower than float32")
 
     def _model_weights(self, loaded: LoadedModel) -> ModelWeights:
         """The projection form: quantized when asked; on CPU the optimized path prepacks the dense ones."""

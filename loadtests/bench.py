@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
 from engine.baselines import NaiveEngine, StaticBatchEngine
+from engine.model.projection import native_bf16_gemm
 from engine.weights import LoadedModel, load_model
 from loadtests.workloads import WORKLOADS, WorkItem, make_workload
 
@@ -128,7 +129,7 @@ def run_bench(config: EngineConfig, engine_names: list[str], workload: str, num_
     any_engine = next(iter(engines.values()))
     return {
         "model": loaded.name, "workload": workload, "num_prompts": num_prompts, "concurrency": concurrency,
-        "max_tokens": max_tokens, "seed": seed, "rounds": rounds,
+        "max_tokens": max_tokens, "seed": seed, "rounds": rounds, "native_bf16_gemm": native_bf16_gemm(),
         "config": asdict(any_engine.config),  # type: ignore[attr-defined]
         "prompt_tokens_total": sum(len(i.prompt_token_ids) for i in items),
         "engines": summary,

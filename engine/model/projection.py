@@ -34,6 +34,18 @@ _PACK_ROWS_HINT = 16
 _PROBE_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 
 
+def native_bf16_gemm() -> str | None:
+    """The instructions this CPU runs bfloat16 GEMMs on natively ("AMX", "AVX512-BF16"), or None.
+
+    Detected, not assumed: without them oneDNN emulates bfloat16 and ``--dtype bfloat16`` loses its speed.
+    """
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return None
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    return "AVX512-BF16" if torch.cpu._is_avx512_bf16_supported() else None
+
+
 class Projection(Protocol):
     kind: str
 

@@ -107,7 +107,8 @@ def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> N
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", action="append", default=[], help="engine flags of one configuration (repeatable)")
-    p.add_argument("--hf", action="append", default=[], help="dtype of an HF generate baseline (repeatable)")
+    p.add_argument("--hf", action="append", default=[],
+                   help="dtype of an HF generate baseline (repeatable; float32 when none is given)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="write a profiler table per engine to PROFILE.<i>.txt")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.hf = args.hf or ["float32"]  # the ratio column's reference
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded: dict[str, LoadedModel] = {}
