@@ -62,7 +62,8 @@ class EngineConfig:
                                          negative="--no-chunked-prefill")
     execution: ExecutionMode = _flag("optimized", "eager PyTorch, or fused and prepacked kernels (CUDA graphs on GPU)")
     weights: WeightsForm = _flag("dense", "GEMM weights: dense in --dtype; int8 (one scale per row) or int4 (the "
-                                          "GGUF's own Q4_1 groups of 32; LM head int8), weight-only, CPU only")
+                                          "GGUF's own Q4_1 groups of 32; LM head int8), weight-only, CPU only, "
+                                          "fast with --dtype bfloat16")
     device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     attention_backend: AttentionBackendName = _flag("auto", "kernels for attention, KV store, RMSNorm and SiLU: "
                                                             "auto is Triton on GPU when optimized, else torch")

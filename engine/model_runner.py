@@ -77,6 +77,9 @@ class ModelRunner:
         if self.device.type == "cpu" and self.config.dtype == "bfloat16" and native_bf16_gemm() is None:
             logger.warning("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: its GEMMs are emulated and may be "
                            "slower than float32")
+        if self.config.weights != "dense" and self.config.dtype == "float32":
+            logger.warning("weights=%s with float32 activations runs torch's slow CPU path (slower than dense "
+                           "float32); add --dtype bfloat16", self.config.weights)
 
     def _model_weights(self, loaded: LoadedModel) -> ModelWeights:
         """The projection form: quantized when asked; on CPU the optimized path prepacks the dense ones."""

@@ -26,11 +26,17 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     "contiguous": lambda c, w: LLMEngine(replace(c, kv_layout="contiguous"), w),
     "eager": lambda c, w: LLMEngine(replace(c, execution="eager"), w),
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
-    "int8": lambda c, w: LLMEngine(replace(c, weights="int8"), w),
-    "int4": lambda c, w: LLMEngine(replace(c, weights="int4"), w),
+    # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (README, "Which --dtype and
+    # --weights"), so these use them where the CPU has native bfloat16 GEMMs.
+    "int8": lambda c, w: LLMEngine(replace(c, weights="int8", dtype=_quantized_dtype(c)), w),
+    "int4": lambda c, w: LLMEngine(replace(c, weights="int4", dtype=_quantized_dtype(c)), w),
     "naive": lambda c, w: NaiveEngine(c, w),
     "static": lambda c, w: StaticBatchEngine(c, w),
 })
+
+
+def _quantized_dtype(config: EngineConfig) -> str:
+    return "bfloat16" if native_bf16_gemm() is not None else config.dtype
 
 
 @dataclass(slots=True)

@@ -54,10 +54,10 @@ STANDARD_VARIANTS: tuple[AblationVariant, ...] = (
                     ("--execution", "eager")),
     AblationVariant("bfloat16", "execution", "dtype=bfloat16: half the weight bytes per step (AVX512-BF16/AMX "
                     "GEMMs where the CPU has them)", ("--dtype", "bfloat16")),
-    AblationVariant("int8", "execution", "weights=int8: weight-only int8 GEMMs, a quarter of float32's bytes",
-                    ("--weights", "int8")),
-    AblationVariant("int4", "execution", "weights=int4: the GGUF's own 4-bit groups, weight-only",
-                    ("--weights", "int4")),
+    AblationVariant("int8", "execution", "weights=int8 with bfloat16 activations: weight-only int8 GEMMs",
+                    ("--dtype", "bfloat16", "--weights", "int8")),
+    AblationVariant("int4", "execution", "weights=int4 with bfloat16 activations: the GGUF's own 4-bit groups",
+                    ("--dtype", "bfloat16", "--weights", "int4")),
     AblationVariant(NAIVE, "all", "HF transformers one request at a time: the raw framework",
                     ("--engine", "naive")),
 )
