@@ -113,8 +113,16 @@ class ModelRunner:
         # CUDA-graph rows, so no request's K/V is ever overwritten.
         shape = (self.config.num_kv_blocks + 1, self.config.block_size, mc.num_kv_heads, mc.head_dim)  # type: ignore[operator]
         dtype, device = self.config.torch_dtype, self.device
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(mc.num_layers)]
+        caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                  for _ in range(mc.num_layers)]
+        if device.type == "cpu" and self.config.execution == "optimized":
+            # NOTE: a large CPU torch.zeros is mapped lazily: each first write into a fresh page (a huge page
+            # when the kernel backs it so) faults and zeroes it inside a serving step, several ms per step
+            # on a small model. The optimized path faults the whole pool in once, here.
+            for key, value in caches:
+                key.zero_()
+                value.zero_()
+        return caches
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -28,6 +28,7 @@ from loadtests.summary import Summary, write_summary
 from loadtests.target import Target, discover_target, probe_request
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
+from probes.peaks import measure_peaks
 from probes.run_dir import (
     DIAGNOSIS_NAME,
     LOAD_NAME,
@@ -71,6 +72,10 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
                  sweep: tuple[str, list[float]] | None = None) -> Summary:
     """Each point: start our probed server on a free port, wait for /health, load it, stop it; then summarize."""
     point_dirs = _prepare_out(out, configs, sweep)
+    with console.status("measuring this machine's peak bandwidth and FLOP/s before the load"):
+        peaks = measure_peaks()
+    for run_dir in point_dirs:
+        RunDirectory(run_dir).write_peaks(peaks)
     tokenizer: TokenizerLike | None = None
     for config, run_dir in zip(configs, point_dirs, strict=True):
         RunDirectory(run_dir).save(LOAD_NAME, LoadInfo(config=config.to_dict()))
@@ -140,7 +145,24 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
             raise
         finally:
             session.stop(error=error)
+    time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
+                   ignore_eos=configs[-1].ignore_eos)
     return _finish(out, console)
+
+
+def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
+    """After the load, for a target on this machine serving a model servescope knows: its decode step
+    against servescope's optimized path, in turns (``execution_reference.json``, the outside execution evidence)."""
+    from loadtests.execution_reference import http_target_step, is_local, measure_reference
+
+    if not is_local(target.url):
+        return
+    try:
+        with console.status("timing the target's decode step against servescope's optimized path"):
+            measure_reference(run_dir, target.model, http_target_step(target.url, target.model, api_key, ignore_eos))
+    except Exception as exc:  # noqa: BLE001 - the run stands; the verdict says execution was not timed
+        console.print(f"[yellow]note:[/] timing the target's decode step failed ({type(exc).__name__}: {exc}); "
+                      f"execution is not judged from outside")
 
 
 def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str:

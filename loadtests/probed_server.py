@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.server.cli import ServeHooks, run_serve
 from engine.server.cli import register as register_serve
+from probes.execution_paths import measure_for_run
 from probes.peaks import measure_peaks
 from probes.run_dir import RunDirectory
 
@@ -48,9 +50,14 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
     seeds = {"workload": args.workload_seed} if args.workload_seed is not None else None
 
     def before_engine(config: EngineConfig) -> None:
-        # Peak bandwidth and FLOP/s of the serving device, measured before the engine takes it: the
-        # roofline (MBU, MFU) in the report is relative to these.
-        RunDirectory(args.run_dir).write_peaks(measure_peaks(config.device, config.dtype))
+        # Peak bandwidth and FLOP/s of the serving device, measured before the load: the roofline (MBU,
+        # MFU) in the report is relative to these. `diagnose` measures them before its first server starts
+        # and leaves them in the run directory; a server started alone measures them before its engine.
+        run_dir = RunDirectory(args.run_dir)
+        peaks = run_dir.read_peaks()
+        if peaks is None or config.dtype not in peaks.flops_by_dtype:
+            peaks = measure_peaks(config.device, config.dtype, num_threads=config.num_threads)
+        run_dir.write_peaks(peaks.for_dtype(config.dtype))
 
     @contextlib.contextmanager
     def attach(engine: Any) -> Iterator[None]:
@@ -64,8 +71,22 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
             raise
         finally:
             session.stop(error=error)
+        time_execution_paths(engine, args.run_dir)
 
     return ServeHooks(before_engine=before_engine, attach=attach)
+
+
+def time_execution_paths(engine: Any, run_dir: str) -> None:
+    """After the load: the run's execution path against the optimized one on its decode batch.
+
+    NOTE: a failure here costs the execution evidence, never the run: the probes are written already.
+    """
+    config = engine.config
+    try:
+        measure_for_run(run_dir, config.model, config.execution, config.dtype, config.device, config.num_threads,
+                        settings=dataclasses.asdict(config))
+    except Exception as exc:  # noqa: BLE001 - reported, and the verdict says the paths were not timed
+        print(f"servescope: warning: timing the execution paths failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

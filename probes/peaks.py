@@ -1,83 +1,155 @@
 """This machine's peak memory bandwidth and matmul throughput: the roofs a run's steps are measured against.
 
-Measured by the probed server before its engine takes the device (a measurement under load reads
-low, and puts steps above the roof), and saved in the run directory (``RunDirectory.write_peaks``).
+Measured once before the load starts (``servescope diagnose`` does it before its first server
+starts, on a device nobody of ours is using; a measurement under load reads low and puts steps
+above the roof), per dtype, and saved in each run directory (``RunDirectory.write_peaks``).
+
+NOTE: a peak is the best the machine was seen to do, so each figure is the best of several
+repeats and, for FLOP/s, the best of several GEMM shapes and both ways this engine runs a GEMM
+(plain ``torch.mm`` and, on CPU, the oneDNN-prepacked weight the optimized path uses). A step that
+still reads above the roof means the peaks were measured low; the report says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+CPU_DTYPES = ("float32", "bfloat16")
+CUDA_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(slots=True)
 class MachinePeaks:
-    """Peak memory bandwidth and matmul throughput, measured on this machine's device."""
+    """Peak memory bandwidth and matmul throughput of this machine's device; the roofs of ``dtype`` on top.
+
+    ``flops_by_dtype`` and ``bandwidth_by_dtype`` hold every dtype measured; ``flops_per_s`` and
+    ``bandwidth_bytes_per_s`` are the run's own dtype's.
+    """
 
     device: str
     dtype: str
     bandwidth_bytes_per_s: float  # a large tensor copy: bytes read + written per second
-    flops_per_s: float  # a square matmul in ``dtype``
+    flops_per_s: float  # the best GEMM in ``dtype``
     measured_at: float
     method: str
+    flops_by_dtype: dict[str, float] = field(default_factory=dict)
+    bandwidth_by_dtype: dict[str, float] = field(default_factory=dict)
+    num_threads: int | None = None  # torch intra-op threads during the measurement (CPU)
+    phase: str = "before the load"  # when it was measured, relative to the load
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MachinePeaks:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        # NOTE: files written before per-dtype peaks lack the later fields; their defaults hold.
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     @property
     def ridge_intensity(self) -> float:
         """FLOPs per byte where the bandwidth roof meets the compute roof."""
         return self.flops_per_s / self.bandwidth_bytes_per_s
 
+    def for_dtype(self, dtype: str) -> MachinePeaks:
+        """The same measurement with ``dtype``'s roofs on top; a dtype not measured is an error."""
+        if dtype not in self.flops_by_dtype:
+            raise ValueError(f"no peaks measured for {dtype!r}; measured: {sorted(self.flops_by_dtype)}")
+        return dataclasses.replace(self, dtype=dtype, flops_per_s=self.flops_by_dtype[dtype],
+                                   bandwidth_bytes_per_s=self.bandwidth_by_dtype[dtype])
 
 
 def measure_peaks(device: str = "auto", dtype: str = "float32", copy_mib: int | None = None,
-                  matmul_n: int | None = None, repeats: int = 5) -> MachinePeaks:
-    """Measure peak bandwidth (tensor copy) and FLOP/s (matmul) on ``device``; about a second on a CPU.
+                  matmul_n: int | None = None, repeats: int = 5, dtypes: tuple[str, ...] | None = None,
+                  num_threads: int | None = None) -> MachinePeaks:
+    """Measure peak bandwidth (tensor copy) and FLOP/s (GEMM) on ``device`` for ``dtype`` and ``dtypes``.
 
-    Takes the best of ``repeats`` timings of each: a peak is what the machine can do, and any
-    slower repeat was disturbed by something else.
+    ``matmul_n`` is the largest square GEMM tried (half of it is tried too); ``num_threads`` sets
+    torch's intra-op threads for the measurement (the engine's own setting), restored afterwards.
+    A few seconds on a CPU.
     """
     import torch
 
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        "cpu" if device == "auto" else device)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     is_cuda = dev.type == "cuda"
+    wanted = tuple(dict.fromkeys((dtype, *(dtypes if dtypes is not None else
+                                           CUDA_DTYPES if is_cuda else CPU_DTYPES))))
     copy_mib = copy_mib or (1024 if is_cuda else 128)
-    matmul_n = matmul_n or (8192 if is_cuda else 1024)
+    matmul_n = matmul_n or (8192 if is_cuda else 2048)
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None and not is_cuda:
+        torch.set_num_threads(num_threads)
+    try:
+        timer = _Timer(torch, dev, repeats)
+        bandwidth = {name: _copy_bandwidth(torch, timer, dev, name, copy_mib) for name in wanted}
+        flops = {name: _gemm_flops(torch, timer, dev, name, matmul_n) for name in wanted}
+        threads = torch.get_num_threads() if not is_cuda else None
+    finally:
+        torch.set_num_threads(previous_threads)
+    name = torch.cuda.get_device_name(dev) if is_cuda else "cpu"
+    sizes = f"{matmul_n // 2}^2 and {matmul_n}^2"
+    method = (f"best of {repeats}: copy of {copy_mib} MiB; GEMMs of {sizes}"
+              + ("" if is_cuda else ", plain and oneDNN-prepacked") + f"; dtypes {', '.join(wanted)}"
+              + (f"; {threads} threads" if threads else ""))
+    return MachinePeaks(device=f"{dev} ({name})" if is_cuda else "cpu", dtype=dtype,
+                        bandwidth_bytes_per_s=bandwidth[dtype], flops_per_s=flops[dtype], measured_at=time.time(),
+                        method=method, flops_by_dtype=flops, bandwidth_by_dtype=bandwidth, num_threads=threads)
 
-    def timed(fn: Any) -> float:
+
+class _Timer:
+    """Best-of-``repeats`` wall time of a callable, synchronizing a CUDA device around it."""
+
+    def __init__(self, torch: Any, dev: Any, repeats: int) -> None:
+        self.torch, self.dev, self.repeats = torch, dev, repeats
+
+    def best(self, fn: Callable[[], Any]) -> float:
+        is_cuda = self.dev.type == "cuda"
         fn()  # NOTE: the first call pays for allocation and kernel selection
         best = float("inf")
-        for _ in range(repeats):
+        for _ in range(self.repeats):
             if is_cuda:
-                torch.cuda.synchronize(dev)
+                self.torch.cuda.synchronize(self.dev)
             start = time.perf_counter()
             fn()
             if is_cuda:
-                torch.cuda.synchronize(dev)
+                self.torch.cuda.synchronize(self.dev)
             best = min(best, time.perf_counter() - start)
         return best
 
-    num_elements = copy_mib * 2**20 // 4
-    src = torch.empty(num_elements, dtype=torch.float32, device=dev).fill_(1.0)
-    dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src))
-    bandwidth = 2 * src.numel() * src.element_size() / copy_s
-    src = dst = torch.empty(0, device=dev)  # NOTE: frees the copy buffers before the matmul allocates
-    a = torch.randn(matmul_n, matmul_n, device=dev).to(torch_dtype)
-    b = torch.randn(matmul_n, matmul_n, device=dev).to(torch_dtype)
-    matmul_s = timed(lambda: torch.mm(a, b))
-    flops = 2 * matmul_n**3 / matmul_s
-    name = torch.cuda.get_device_name(dev) if is_cuda else "cpu"
-    return MachinePeaks(device=f"{dev} ({name})" if is_cuda else "cpu", dtype=dtype, bandwidth_bytes_per_s=bandwidth,
-                        flops_per_s=flops, measured_at=time.time(),
-                        method=f"best of {repeats}: copy of {copy_mib} MiB float32; {matmul_n}^2 matmul in {dtype}")
 
+def _torch_dtype(torch: Any, name: str) -> Any:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _copy_bandwidth(torch: Any, timer: _Timer, dev: Any, dtype: str, copy_mib: int) -> float:
+    """Bytes read + written per second by one large copy in ``dtype``."""
+    torch_dtype = _torch_dtype(torch, dtype)
+    num_elements = copy_mib * 2**20 // torch_dtype.itemsize
+    src = torch.ones(num_elements, dtype=torch_dtype, device=dev)
+    dst = torch.empty_like(src)
+    seconds = timer.best(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def _gemm_flops(torch: Any, timer: _Timer, dev: Any, dtype: str, matmul_n: int) -> float:
+    """The best FLOP/s of square GEMMs of ``matmul_n / 2`` and ``matmul_n``, plain and (CPU) prepacked."""
+    from engine.model.projection import packed_or_dense
+
+    torch_dtype = _torch_dtype(torch, dtype)
+    best = 0.0
+    for n in (matmul_n // 2, matmul_n):
+        a = torch.randn(n, n, device=dev).to(torch_dtype)
+        b = torch.randn(n, n, device=dev).to(torch_dtype)
+        ways: list[Callable[[], Any]] = [lambda a=a, b=b: torch.mm(a, b)]
+        if dev.type == "cpu":
+            # NOTE: the weight of a projection is [out, in]; x @ w.T is the same n^3 GEMM.
+            packed = packed_or_dense(b)
+            ways.append(lambda a=a, packed=packed: packed(a))
+        with torch.inference_mode():
+            for fn in ways:
+                best = max(best, 2 * n**3 / timer.best(fn))
+    return best

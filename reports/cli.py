@@ -121,27 +121,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _cmd_gate(args: argparse.Namespace) -> int:
-    from reports.gate import format_rows, run_gate
-
-    try:
-        rows = run_gate(args.floors, args.bench, args.probe_bench, args.baseline, args.current)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"servescope gate: error: {exc}", file=sys.stderr)
-        return 2
-    print(format_rows(rows))
-    failed = [r.metric for r in rows if not r.passed]
-    print(f"gate: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}")
-    return 1 if failed else 0
-
-
-def register_gate(subparsers: Any) -> None:
-    """Add ``servescope gate`` (entry point of the ``servescope.commands`` group)."""
-    p = subparsers.add_parser("gate", help="fail CI when a measured ratio or a serving figure regresses")
-    p.add_argument("--floors", default=None, help="TOML of floors and allowed regressions (default: the bundled one)")
-    p.add_argument("--bench", default=None, help="`servescope bench --json` output (ratios measured in one run)")
-    p.add_argument("--probe-bench", default=None, help="pytest-benchmark JSON of tests/benchmarks/test_probe_overhead.py")
-    p.add_argument("--baseline", default=None, help="baseline run directory (serving figures)")
-    p.add_argument("--current", default=None, help="current run directory, compared with --baseline")
-    p.set_defaults(func=_cmd_gate)

@@ -19,6 +19,7 @@ from typing import Any
 
 import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
+from probes.execution_paths import EXECUTION_PATHS_NAME, EXECUTION_REFERENCE_NAME, PathTiming
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.dataset import RunDataset, load_points, sweep_parameter
@@ -31,6 +32,9 @@ from reports.summary import PointMeasures, RunSummary, point_measures
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
 SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "sweep": 0.7, "client": 0.5}
+# Which evidence a verdict may read: all of it, or only what a client of the server has (its
+# timings, its /metrics, and what servescope measured on this machine itself), as `load --target` sees it.
+VIEWS = ("inside", "outside")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +67,22 @@ ENGINE_FINDINGS = (
     Finding("none", all_of=("engine_idle", "queue_absent"), support=("batch_has_room",)),
     Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
     Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
-    Finding("execution", all_of=("host_overhead",), support=("low_mbu",)),
+    Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
 )
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 METRICS_FINDINGS = (
-    Finding("cache", all_of=("server_queue", "server_kv_full"), support=("server_preemptions",)),
+    Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
     # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
     # preemption and KV findings above are the ones that would name memory.
-    Finding("batching", all_of=("server_queue", "server_kv_room"), unknown_ok=("server_kv_room",),
+    Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
             support=("few_streams_decoding",)),
+    Finding("execution", all_of=("slower_than_optimized",)),
 )
 SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
                           support=("few_streams_decoding",)),)
-CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),)
+CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
+                   Finding("execution", all_of=("slower_than_optimized",)))
 EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
 
 
@@ -124,15 +130,25 @@ class Diagnosis:
         return cls.from_dict(json.loads(text))
 
 
-def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None) -> Facts:
-    """Every measure of one load point the rules read."""
+def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None,
+              view: str = "inside") -> Facts:
+    """Every measure of one load point the rules read; with ``view="outside"`` only what a client has."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    directory = RunDirectory(data.path)
+    is_metrics_unread = data.has_prometheus and measures.prometheus is None
+    if view == "outside" or measures.server is None:
+        return Facts(server=None, client=measures.client, prometheus=measures.prometheus, roofline=None, sweep=sweep,
+                     is_metrics_unread=is_metrics_unread,
+                     execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming))
     roofline = None
     shape = data.model_shape
-    if measures.server is not None and shape is not None:
+    if shape is not None:
         roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, data.peaks)
     return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
                  roofline=roofline, engine_config=data.engine_config, sweep=sweep,
-                 is_metrics_unread=data.has_prometheus and measures.prometheus is None)
+                 is_metrics_unread=is_metrics_unread,
+                 execution_paths=directory.load(EXECUTION_PATHS_NAME, PathTiming))
 
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:
@@ -154,7 +170,8 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
     confidence = _confidence(source, chosen, evidence, deciding, fired_at_all=bool(fired), num_conflicts=len(also))
     lever, summary = lever_for(chosen.bottleneck, facts, deciding)
     parts = (("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus),
-             ("roofline", facts.roofline), ("sweep", facts.sweep))
+             ("roofline", facts.roofline), ("sweep", facts.sweep), ("execution_paths", facts.execution_paths),
+             ("execution_reference", facts.execution_reference))
     metrics = {"source": source, "metrics_read": metrics_read(facts),
                **{k: (v.to_dict() if v is not None else None) for k, v in parts}}
     return Diagnosis(bottleneck=chosen.bottleneck, confidence=confidence, confidence_label=_label(confidence),
@@ -199,7 +216,7 @@ class Analysis:
         return self.points[-1]
 
 
-def analyze(path: str | os.PathLike[str]) -> Analysis:
+def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     """Load, measure and judge the directory at ``path``: a run, a sweep (``sweep.json``) or an ablation.
 
     A sweep is judged at its heaviest point, where a limit shows most, with the way throughput,
@@ -213,7 +230,7 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
     points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
     parameter = sweep_parameter(run_path)
     measures = [point_measures(p) for p in points]
-    point_facts = [facts_for(p, m) for p, m in zip(points, measures, strict=True)]
+    point_facts = [facts_for(p, m, view=view) for p, m in zip(points, measures, strict=True)]
     health = run_health(points, measures)
     if not health.can_judge:
         verdicts = [no_verdict(health, f, p.label) for p, f in zip(points, point_facts, strict=True)]
@@ -247,9 +264,9 @@ def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:
                      metrics=metrics, label=label)
 
 
-def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
+def diagnose(path: str | os.PathLike[str], view: str = "inside") -> Diagnosis:
     """The verdict on a run directory, a sweep directory as a whole, or an ablation (see :func:`analyze`)."""
-    return analyze(path).diagnosis
+    return analyze(path, view).diagnosis
 
 
 def sweep_measures(parameter: str, points: list[PointMeasures]) -> SweepMeasures | None:

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from probes.execution_paths import PathTiming
 from reports.measures import ClientMeasures, PrometheusMeasures, ServerMeasures
 from reports.roofline import RooflineSummary
 
@@ -80,6 +81,8 @@ class Facts:
     engine_config: dict[str, Any] = field(default_factory=dict)
     sweep: SweepMeasures | None = None
     is_metrics_unread: bool = False  # /metrics was scraped but no adapter knows its names
+    execution_paths: PathTiming | None = None  # the run's path against the optimized one (engine runs)
+    execution_reference: PathTiming | None = None  # the optimized path on the client's batch (outside view)
 
 
 class Rule(ABC):

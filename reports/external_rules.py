@@ -2,14 +2,19 @@
 
 Without step rows the queue looks the same whichever limit holds it; the server's own KV gauge
 and preemption counter tell the two apart, and a sweep shows whether more users become more
-throughput. Execution cost cannot be told from outside (no step timer), so these rules never
-name it.
+throughput. A queue gauge is read between steps, so a request that arrived during a step shows as
+waiting until the next one admits it: a queue counts only when it is sustained (in many scrapes)
+and deep (a real share of the requests at the server). Execution has no step timer from outside;
+it is told from the server's time per output token against servescope's own optimized path,
+timed in turns on the same model and batch on this machine (``execution_reference.json``), when
+the model is known.
 """
 
 from __future__ import annotations
 
+from probes.execution_paths import TARGET
 from reports.evidence import Facts, Rule, num, pct, register
-from reports.rules import KV_FULL, NO_QUEUE_SHARE, PREEMPTIONS_PER_REQUEST, QUEUE_SHARE
+from reports.rules import KV_FULL, NO_QUEUE_SHARE, PATH_SHARE, PREEMPTIONS_PER_REQUEST, QUEUE_SHARE
 
 MIN_IN_FLIGHT = 2.0
 DECODING_SHARE = 0.5
@@ -17,6 +22,7 @@ SWEEP_MIN_LOAD_RATIO = 3.0
 FLAT_THROUGHPUT_RATIO = 1.5
 TTFT_GROWTH_RATIO = 3.0
 TPOT_HOLD_RATIO = 1.5
+QUEUE_DEPTH = 0.2
 
 
 @register
@@ -34,6 +40,29 @@ class ServerQueue(Rule):
     def describe(self, facts: Facts, value: float | None) -> str:
         p = facts.prometheus
         return (f"requests were waiting in {pct(value)} of the scrapes (mean {num(p.mean_waiting if p else None)} "
+                f"waiting, {num(p.mean_running if p else None)} running)")
+
+
+@register
+class ServerQueueDepth(Rule):
+    name = "server_queue_depth"
+    bottleneck = "batching"
+    threshold = QUEUE_DEPTH
+    why = ("Of the requests at the server (waiting + running, averaged over the scrapes), at least a fifth waiting. "
+           "A closed-loop client's next request arrives while a step runs and waits for the next step: that "
+           "queue is about one request against a full batch (well under a tenth), gone a step later. A limit "
+           "keeps a share of the requests out of the batch for as long as the load lasts.")
+
+    def value(self, facts: Facts) -> float | None:
+        p = facts.prometheus
+        if p is None or p.mean_waiting is None or p.mean_running is None:
+            return None
+        open_requests = p.mean_waiting + p.mean_running
+        return p.mean_waiting / open_requests if open_requests > 0 else 0.0
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        p = facts.prometheus
+        return (f"{pct(value)} of the requests at the server were waiting (mean {num(p.mean_waiting if p else None)} "
                 f"waiting, {num(p.mean_running if p else None)} running)")
 
 
@@ -182,3 +211,30 @@ class SweepTpotHolds(_SweepRule):
 
     def describe(self, facts: Facts, value: float | None) -> str:
         return f"median TPOT x{num(value)} across the sweep"
+
+
+@register
+class SlowerThanOptimized(Rule):
+    name = "slower_than_optimized"
+    bottleneck = "execution"
+    threshold = PATH_SHARE
+    why = ("Time per output token is the server's decode step as its clients feel it. After the load, the server "
+           "(streams of the batch the client saw decoding) and servescope's optimized path on the same model were "
+           "timed in turns on this machine, so a busy machine slows both alike: when the optimized path needs at "
+           "least 30% less time per step, the server's execution (its kernels, its host work between them) holds "
+           "each step back. Unknown when the model is not one servescope can build or the target runs elsewhere.")
+
+    def value(self, facts: Facts) -> float | None:
+        ref = facts.execution_reference
+        if ref is None or TARGET not in ref.step_s:
+            return None
+        return ref.share_removed(ref.step_s[TARGET])
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        ref = facts.execution_reference
+        if ref is None or TARGET not in ref.step_s:
+            return "no reference: the served model or the target's machine is not one servescope can time"
+        return (f"the server's decode step took {ref.step_s[TARGET] * 1000:.2f} ms (time per token after the first, "
+                f"{ref.batch} streams of {ref.context} tokens) and servescope's optimized path "
+                f"{ref.optimized_s * 1000:.2f} ms on {ref.model}, timed in turns after the load: it would remove "
+                f"{pct(value)} of the step")

@@ -43,12 +43,7 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
                 "requests are preempted",
                 "active request state fills the KV pool: requests wait for blocks or are preempted")
     if bottleneck == "execution":
-        overhead = config.get("host_overhead_ms") or 0
-        burnt = f"; --host-overhead-ms {overhead:g} adds that much per step" if overhead else ""
-        return (f"cut per-step host work: the optimized execution path (fused kernels, CUDA graphs), async "
-                f"scheduling{burnt}",
-                f"the batch and memory are healthy but host-side work takes "
-                f"{pct(s.overhead_share if s else None)} of each step")
+        return _execution_lever(facts, deciding)
     if s is not None and s.busy_fraction <= 0.5:
         return ("offer more load (more users or a higher rate) to find the server's limit",
                 f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
@@ -75,3 +70,30 @@ def _outside_none_summary(facts: Facts) -> str:
                 f"admitted and no lever binds: the offered load is the limit")
     return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), under the "
             f"{pct(QUEUE_SHARE)} that marks a sustained queue, and no lever binds")
+
+
+def _execution_lever(facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
+    """The execution lever, with the share of the step it would remove as the deciding evidence measured it."""
+    by_name = {e.name: e for e in deciding}
+    s = facts.server
+    path = by_name.get("optimized_path_removes")
+    if path is not None and facts.execution_paths is not None:
+        p = facts.execution_paths
+        return ("use the optimized execution path (--execution optimized): fused and prepacked GEMMs, reused "
+                "buffers, CUDA graphs on a GPU",
+                f"the optimized path would remove {pct(path.value)} of each decode step ({p.run_path} "
+                f"{p.step_s[p.run_path] * 1000:.2f} ms -> {p.optimized_s * 1000:.2f} ms on the run's batch of "
+                f"{p.batch}, timed side by side)")
+    outside = by_name.get("slower_than_optimized")
+    if outside is not None and facts.execution_reference is not None:
+        ref = facts.execution_reference
+        return ("speed up the server's execution path (fused kernels, CUDA graphs, less host work per step, "
+                "async output processing)",
+                f"the optimized path would remove {pct(outside.value)} of each decode step: servescope's optimized "
+                f"path does the same model's step on this machine in {ref.optimized_s * 1000:.2f} ms at batch {ref.batch}")
+    overhead = facts.engine_config.get("host_overhead_ms") or 0
+    burnt = f"; --host-overhead-ms {overhead:g} adds that much per step" if overhead else ""
+    return (f"cut per-step host work: the optimized execution path (fused kernels, CUDA graphs), async "
+            f"scheduling{burnt}",
+            f"the batch and memory are healthy but host-side work takes {pct(s.overhead_share if s else None)} "
+            f"of each step: removing it would remove that share of the step")

@@ -12,6 +12,9 @@ Per step (a Llama decoder, weights in the run's dtype):
 
 MBU = (bytes / step time) / peak bandwidth and MFU = (FLOPs / step time) / peak FLOP/s, over the
 whole step (host time included: a step that spends its time on the host is far from both roofs).
+A step's floor is the slower roof's time for its work, max(bytes / bandwidth, FLOPs / FLOP/s):
+no execution path does the step faster on this machine. NOTE: MBU and MFU above 1 are impossible;
+they mean the peaks were measured low (``RooflineSummary.above_roof``).
 The peaks (:mod:`probes.peaks`) were measured before the run on the machine that served it, and
 the model's shape (:mod:`probes.model_shape`) is recorded in its manifest.
 """
@@ -48,8 +51,13 @@ def step_work(steps: pd.DataFrame, shape: ModelShape) -> pd.DataFrame:
         "bytes": bytes_moved, "flops": np.asarray(flops, dtype=float),
         "intensity": np.asarray(flops, dtype=float) / bytes_moved,
         "bandwidth": bytes_moved / step_s, "flops_per_s": np.asarray(flops, dtype=float) / step_s,
-        "forward_bandwidth": bytes_moved / steps["forward_s"].to_numpy(dtype=float),
+        "forward_bandwidth": bytes_moved / steps["forward_s"].to_numpy(dtype=float), "step_s": step_s,
     })
+
+
+def floor_seconds(work: pd.DataFrame, peaks: MachinePeaks) -> pd.Series:
+    """Per step, the least time its bytes and FLOPs need at the peaks: the slower of the two roofs."""
+    return np.maximum(work["bytes"] / peaks.bandwidth_bytes_per_s, work["flops"] / peaks.flops_per_s)
 
 
 @dataclass(slots=True)
@@ -65,6 +73,15 @@ class RooflineSummary:
     decode_forward_mbu: float | None  # the forward pass alone, host phases left out
     num_decode_steps: int
     num_prefill_steps: int
+    decode_step_s: float | None = None  # median decode step, host phases and all
+    decode_floor_s: float | None = None  # median time a decode step's bytes and FLOPs need at the peaks
+
+    @property
+    def above_roof(self) -> dict[str, float]:
+        """Shares of a roof above 1, which no step can reach: the peaks were measured low."""
+        named = {"decode MBU": self.decode_mbu, "decode MFU": self.decode_mfu, "prefill MBU": self.prefill_mbu,
+                 "prefill MFU": self.prefill_mfu, "decode forward MBU": self.decode_forward_mbu}
+        return {name: value for name, value in named.items() if value is not None and value > 1.0}
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "peaks": self.peaks.to_dict() if self.peaks else None,
@@ -85,4 +102,6 @@ def roofline_summary(work: pd.DataFrame, shape: ModelShape, peaks: MachinePeaks 
         prefill_mfu=median_ratio(prefill, "flops_per_s", fl),
         decode_forward_mbu=median_ratio(decode, "forward_bandwidth", bw),
         num_decode_steps=len(decode), num_prefill_steps=len(prefill),
+        decode_step_s=float(decode["step_s"].median()) if len(decode) else None,
+        decode_floor_s=float(floor_seconds(decode, peaks).median()) if len(decode) and peaks else None,
     )

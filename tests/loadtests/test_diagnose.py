@@ -101,6 +101,18 @@ def test_diagnose_the_dummy_model(tmp_path) -> None:
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["status"] == "complete"
     assert manifest["workload"]["config"]["users"] == 4 and manifest["seeds"]["workload"] == 0
+    # The roofs were measured before the server started (so before any load), in every dtype the CPU runs.
+    peaks = json.loads((out / "machine_peaks.json").read_text())
+    load = json.loads((out / "load.json").read_text())
+    assert peaks["measured_at"] < manifest["started_at"] < load["started_at"]
+    assert {"float32", "bfloat16"} <= set(peaks["flops_by_dtype"]) and peaks["dtype"] == "float32"
+    roofline = diagnosis["metrics"]["roofline"]
+    assert all(roofline[k] is None or roofline[k] <= 1 for k in ("decode_mbu", "decode_mfu", "prefill_mbu",
+                                                                 "prefill_mfu"))
+    # After the load, the run's path against the optimized one on the run's own decode batch.
+    paths = diagnosis["metrics"]["execution_paths"]
+    assert paths["run_path"] == "optimized" and paths["batch"] >= 1 and paths["step_s"]["optimized"] > 0
+    assert paths["measured_at"] > load["finished_at"]
 
 
 @pytest.mark.slow

@@ -132,9 +132,17 @@ def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: Ser
         assert point.client is not None and point.client.num_ok == point.client.num_requests > 0
         assert point.client.goodput["fraction"] == 1.0  # bounds no request can miss
         assert len(pd.read_parquet(out / point.label / "prometheus.parquet")) > 0  # its /metrics, scraped
-    assert json.loads((out / "diagnosis.json").read_text())["metrics"]["points"][1]["concurrency"] == 3
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    assert diagnosis["metrics"]["points"][1]["concurrency"] == 3
     html = (out / "report.html").read_text()
     assert "users-1" in html and "users-3" in html
+    # After the load, the target (on this machine, a model servescope builds) and the optimized path, in turns.
+    reference = diagnosis["metrics"]["execution_reference"]
+    assert (out / "users-3" / "execution_reference.json").is_file()
+    assert not (out / "users-1" / "execution_reference.json").exists()  # timed at the heaviest point only
+    assert reference["model"] == "dummy:tiny" and set(reference["step_s"]) == {"optimized", "target"}
+    assert reference["step_s"]["target"] > 0 and reference["batch"] >= 1
+    assert any(e["name"] == "slower_than_optimized" and e["value"] is not None for e in diagnosis["evidence"])
 
 
 def test_an_unreachable_target_is_a_clear_error(tmp_path, capsys) -> None:

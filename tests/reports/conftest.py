@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from reports.ablation import STANDARD_VARIANTS, write_ablation_index
+from tests.reports.agreement import AGREEMENT, run_agreement
 from tests.reports.driver import Load, run, run_sweep
 from tests.reports.scenarios import SCENARIOS, SHORT, run_scenario
 
@@ -80,6 +81,20 @@ def external_dir(runs_root: Path) -> Callable[[str], Path]:
     def get(name: str) -> Path:
         if name not in done:
             done[name] = makers[name](runs_root / "external" / name)
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def agreement_dir(runs_root: Path) -> Callable[[str], Path]:
+    """``agreement_dir(name)``: that agreement scenario's run (engine probes and /metrics), driven on first request."""
+    by_name = {s.name: s for s in AGREEMENT}
+    done: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in done:
+            done[name] = run_agreement(by_name[name], runs_root / "agreement" / name)
         return done[name]
 
     return get

@@ -24,10 +24,12 @@ from engine.baselines import NaiveEngine, StaticBatchEngine
 from engine.weights import LoadedModel, load_model
 from loadtests.client_table import records_table
 from loadtests.config import LoadConfig
+from loadtests.execution_reference import measure_reference
 from loadtests.plan import PlannedRequest, write_plan
 from loadtests.records import ClientRecord
 from loadtests.workloads import make_workload
 from probes.base import Probe
+from probes.execution_paths import measure_for_run
 from probes.host import HostProbe
 from probes.manifest import RunManifest
 from probes.peaks import MachinePeaks, measure_peaks
@@ -77,7 +79,8 @@ def shared_model(name: str) -> LoadedModel:
 @cache
 def shared_peaks() -> MachinePeaks:
     """Measured once per test session; every run directory gets the same measurement."""
-    return measure_peaks("cpu", repeats=3)
+    # NOTE: float32 on one thread, as build_engine runs every engine; before the first load.
+    return measure_peaks("cpu", "float32", matmul_n=1024, repeats=3, dtypes=("float32",), num_threads=1)
 
 
 def build_engine(kind: str, engine: Mapping[str, Any]) -> Any:
@@ -105,11 +108,14 @@ def make_plan(engine: Any, load: Load, size: int = 256) -> list[PlannedRequest]:
 
 
 def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: str = "continuous",
-        external: bool = False, metrics: bool = False) -> Path:
+        external: bool = False, metrics: bool = False, time_paths: bool = False) -> Path:
     """One load point into ``out``.
 
     ``external`` records only what a client of someone else's server has (client rows, this
     host), plus, with ``metrics``, the engine's own Prometheus ``/metrics`` scraped over HTTP.
+    With ``time_paths``, after the load, as ``servescope diagnose`` and ``load`` do: the run's
+    execution path against the optimized one on its decode batch (engine runs), and the optimized
+    path on the batch the client saw (runs with client rows).
     """
     built = build_engine(kind, engine or {})
     plan = make_plan(built, load)
@@ -136,7 +142,39 @@ def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: st
     run_dir.write_table(CLIENT_TABLE, records_table(records))
     run_dir.save(LOAD_NAME, LoadInfo(config=info["config"], server=info["server"], model=info["model"],
                                      target="in-process"))
+    if time_paths and kind == "continuous":
+        config = built.config
+        if not external:
+            measure_for_run(out, config.model, config.execution, config.dtype, "cpu", config.num_threads,
+                            settings=dict(engine or {}))
+        measure_reference(out, config.model, lambda batch, context: engine_step(built, batch, context),
+                          num_threads=config.num_threads)
     return out
+
+
+def engine_step(engine: Any, batch: int, context: int) -> Any:
+    """The in-process server's decode step as its client would time it: ``batch`` streams of ``context`` tokens.
+
+    The load is over and its probes are detached; the requests are added here and stepped into
+    decode, and each call times one more step (the longest output any call sequence needs is given).
+    """
+    vocab = engine.model_config.vocab_size
+    for i in range(batch):
+        prompt = [(5 * i + 11 * j) % (vocab - 1) + 1 for j in range(context)]
+        engine.add_request(prompt, SamplingParams(max_tokens=64, ignore_eos=True), request_id=f"reference-{i}")
+    started: set[str] = set()
+    for _ in range(64):  # NOTE: bounded; a pool too small for the batch decodes whatever fits
+        started.update(out.request_id for out in engine.step() if out.token_ids)
+        if len(started) >= batch:
+            break
+    engine.step()
+
+    def one_step() -> float:
+        start = time.perf_counter()
+        engine.step()
+        return time.perf_counter() - start
+
+    return one_step
 
 
 def _session(run_dir: RunDirectory, engine: Any, info: dict[str, Any], load: Load, external: bool,

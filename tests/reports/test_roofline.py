@@ -40,6 +40,19 @@ def test_peaks_are_measured_and_round_trip(tmp_path) -> None:
     assert RunDirectory(tmp_path).read_peaks() == peaks
 
 
+def test_peaks_are_measured_per_dtype_and_old_files_still_load() -> None:
+    peaks = measure_peaks("cpu", "bfloat16", copy_mib=16, matmul_n=256, repeats=2, dtypes=("float32",))
+    assert set(peaks.flops_by_dtype) == set(peaks.bandwidth_by_dtype) == {"float32", "bfloat16"}
+    assert peaks.flops_per_s == peaks.flops_by_dtype["bfloat16"] and peaks.phase == "before the load"
+    as_float32 = peaks.for_dtype("float32")
+    assert (as_float32.dtype, as_float32.flops_per_s) == ("float32", peaks.flops_by_dtype["float32"])
+    with pytest.raises(ValueError, match="float16"):
+        peaks.for_dtype("float16")
+    old = {k: v for k, v in peaks.to_dict().items() if k not in ("flops_by_dtype", "bandwidth_by_dtype",
+                                                                   "num_threads", "phase")}
+    assert MachinePeaks.from_dict(old).flops_per_s == peaks.flops_per_s  # a file from before per-dtype peaks
+
+
 def test_step_flops_match_torchs_flop_counter_on_a_llama_shape() -> None:
     """The estimate's matmul FLOPs against an independent count of the ops the model really ran."""
     # NOTE: eager, because torch's FLOP counter knows aten's matmuls but not the oneDNN packed GEMMs of
@@ -81,6 +94,9 @@ def test_a_run_gets_mbu_and_mfu_for_decode_and_prefill(scenario_dir) -> None:
     for value in (roofline.decode_mbu, roofline.decode_mfu, roofline.prefill_mbu, roofline.prefill_mfu):
         assert value is not None and 0 < value < 1
     assert roofline.decode_forward_mbu >= roofline.decode_mbu  # the forward alone is a part of the step
+    # The floor (the slower roof's time for the step's work) is what MBU or MFU says of the step.
+    assert roofline.decode_floor_s is not None and 0 < roofline.decode_floor_s < roofline.decode_step_s
+    assert roofline.above_roof == {}
 
 
 def test_unknown_models_have_no_shape() -> None:

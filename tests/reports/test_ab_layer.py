@@ -1,0 +1,71 @@
+"""The A/B gate names the layer from recorded step tables.
+
+``fixtures/ab/<case>/`` holds both sides' step tables and round times of real `servescope gate --ab`
+runs on dummy:tiny (each ``rounds.json`` says the command): a KV pool too small for the batch (cache),
+fewer admitted sequences (batching), host time burnt in every step (execution, host).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.ab_gate import decide, format_verdict
+from reports.ab_layer import name_layer, summarize_side
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ab"
+
+
+def recorded(case: str) -> tuple[pd.DataFrame, list[float], pd.DataFrame, list[float]]:
+    rounds = json.loads((FIXTURES / case / "rounds.json").read_text())
+    return (pd.read_parquet(FIXTURES / case / "steps_base.parquet"), rounds["base_round_s"],
+            pd.read_parquet(FIXTURES / case / "steps_candidate.parquet"), rounds["candidate_round_s"])
+
+
+@pytest.mark.parametrize(("case", "layer", "phase"), [
+    ("cache", "cache", None), ("batching", "batching", None), ("host", "execution", "host")])
+def test_recorded_runs_name_their_layer(case: str, layer: str, phase: str | None) -> None:
+    verdict = decide(*recorded(case))
+    assert not verdict.passed
+    assert (verdict.named_layer, verdict.layer.phase) == (layer, phase)
+    text = format_verdict(verdict, ("base flags", "candidate flags"))
+    assert text.splitlines()[-1].startswith("gate: FAIL") and text.splitlines()[-1].endswith(layer)
+
+
+def test_cache_and_batching_are_told_apart_by_preemption() -> None:
+    cache = decide(*recorded("cache"))
+    batching = decide(*recorded("batching"))
+    assert cache.candidate.preemptions_per_round > cache.base.preemptions_per_round == 0
+    assert batching.candidate.preemptions_per_round == batching.base.preemptions_per_round == 0
+    assert batching.candidate.peak_seqs == 4 < batching.base.peak_seqs
+    for verdict in (cache, batching):
+        assert verdict.layer.contributions["steps"] > verdict.layer.contributions["step_time"]
+
+
+def test_a_slower_forward_with_the_same_batches_is_execution_forward() -> None:
+    base_steps, base_round_s, _, _ = recorded("host")
+    # The same recorded steps, each forward 30% longer: the batches are the base's own.
+    extra = 0.3 * base_steps["forward_s"]
+    slowed = base_steps.assign(forward_s=base_steps["forward_s"] + extra)
+    slowed_round_s = [t + extra[base_steps["round"] == r].sum() for r, t in enumerate(base_round_s)]
+    layer = name_layer(summarize_side(base_steps, base_round_s), summarize_side(slowed, slowed_round_s))
+    assert (layer.layer, layer.phase) == ("execution", "forward")
+    assert layer.contributions["steps"] == 0
+
+
+def test_an_unchanged_build_gets_no_layer() -> None:
+    base_steps, base_round_s, _, _ = recorded("batching")
+    verdict = decide(base_steps, base_round_s, base_steps, base_round_s)
+    assert verdict.passed and verdict.named_layer is None
+    assert "layer: not named" in format_verdict(verdict, ("a", "b"))
+
+
+def test_step_tables_without_the_phases_are_refused() -> None:
+    base_steps, base_round_s, _, _ = recorded("batching")
+    with pytest.raises(ValueError, match=r"lacks columns \['forward_s'\]"):
+        summarize_side(base_steps.drop(columns=["forward_s"]), base_round_s)
+    with pytest.raises(ValueError, match="unpaired rounds"):
+        decide(base_steps, base_round_s, base_steps, base_round_s[:-1])
