@@ -73,7 +73,9 @@ def load_gguf(path: Path, dtype: torch.dtype
             weight = unpermute_rotary_rows(weight, rotary_heads)
         state_dict[name] = weight.to(dtype)
         if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1 and len(shape) == 2:
-            q4_1[name] = Q4_1Tensor(np.asarray(tensor.data), (shape[0], shape[1]), rotary_heads)
+            order = None if rotary_heads is None else \
+                unpermute_rotary_rows(torch.arange(shape[0]).unsqueeze(1), rotary_heads).squeeze(1)
+            q4_1[name] = Q4_1Tensor(np.asarray(tensor.data), (shape[0], shape[1]), order)
 
     check_state_dict(config, state_dict, str(path))
     return config, state_dict, tokenizer, q4_1

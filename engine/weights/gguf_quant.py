@@ -37,19 +37,14 @@ def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
 class Q4_1Tensor:
     """A Q4_1 weight of the file, decoded to :class:`Int4Groups` only when a model asks for int4.
 
-    ``rotary_heads`` is set for q/k projections, whose rows the loader un-permutes from llama.cpp's
+    ``row_order`` is set for q/k projections, whose rows the loader un-permutes from llama.cpp's
     interleaved rotary layout (the codes get the same row order as the dequantized weight).
     """
 
     raw: np.ndarray  # the file's bytes (a view of the memory map)
     shape: tuple[int, int]
-    rotary_heads: int | None = None
+    row_order: torch.Tensor | None = None  # [rows] int64: output row i is the file's row row_order[i]
 
     def groups(self) -> Int4Groups:
-        from engine.weights.gguf_loader import unpermute_rotary_rows
-
         groups = q4_1_groups(self.raw, self.shape)
-        if self.rotary_heads is None:
-            return groups
-        order = unpermute_rotary_rows(torch.arange(self.shape[0]).unsqueeze(1), self.rotary_heads).squeeze(1)
-        return groups.permute_rows(order)
+        return groups if self.row_order is None else groups.permute_rows(self.row_order)
