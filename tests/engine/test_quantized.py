@@ -98,8 +98,9 @@ def test_q4_1_codes_give_back_the_files_dequantized_weights(smollm2_loaded) -> N
 # MAX_LOGIT_ERROR; greedy continuations must agree on their first MIN_SAME_TOKENS tokens.
 QUANT_CASES = {
     "bfloat16": ({"dtype": "bfloat16"}, 1.5, 3),
-    "int8": ({"weights": "int8"}, 1.0, 3),
+    "int8": ({"weights": "int8"}, 1.5, 3),
     "int4": ({"weights": "int4"}, 1.0, 3),
+    "bfloat16-int4": ({"dtype": "bfloat16", "weights": "int4"}, 1.5, 3),
 }
 
 
