@@ -14,6 +14,7 @@ from engine.model.config import LlamaConfig
 ExecutionMode = Literal["eager", "optimized"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 KVLayout = Literal["paged", "contiguous"]
+WeightsForm = Literal["dense", "int8", "int4"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -60,8 +61,12 @@ class EngineConfig:
     enable_chunked_prefill: bool = _flag(True, "split long prompts across steps within the token budget",
                                          negative="--no-chunked-prefill")
     execution: ExecutionMode = _flag("optimized", "eager PyTorch, or fused and prepacked kernels (CUDA graphs on GPU)")
+    weights: WeightsForm = _flag("dense", "GEMM weights: dense in --dtype; int8 (one scale per row) or int4 (the "
+                                          "GGUF's own Q4_1 groups of 32; LM head int8), weight-only, CPU only, "
+                                          "fast with --dtype bfloat16")
     device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
-    attention_backend: AttentionBackendName = _flag("auto", "auto: Triton on GPU when optimized, else torch")
+    attention_backend: AttentionBackendName = _flag("auto", "kernels for attention, KV store, RMSNorm and SiLU: "
+                                                            "auto is Triton on GPU when optimized, else torch")
     num_threads: int | None = _flag(None, "torch intra-op threads (default: torch's own)")
     host_overhead_ms: float = _flag(0.0, "calibration knob: burn this many ms of host time in every engine step")
 
@@ -80,6 +85,8 @@ class EngineConfig:
             raise ValueError("give either num_kv_blocks or kv_cache_mb, not both")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if self.weights not in ("dense", "int8", "int4"):
+            raise ValueError(f"weights must be 'dense', 'int8' or 'int4', got {self.weights!r}")
         if self.execution not in ("eager", "optimized"):
             raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import TORCH_BACKEND, AttentionBackend, AttentionMetadata, GatherWorkspace
+from engine.attention import AttentionMetadata, GatherWorkspace
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
+from engine.model.ops import TORCH_OPS, ModelOps, triton_ops
+from engine.model.projection import ProjectionKind, native_bf16_gemm
+from engine.model.weights import ModelWeights
 from engine.outputs import TokenLogprob
 from engine.request import RequestId
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.weights import LoadedModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -46,21 +52,10 @@ class ModelRunner:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = config.torch_device
-        with torch.device("meta"):
-            model = LlamaForCausalLM(loaded.config)
-        # NOTE: built on the meta device so no time goes into random init that load_weights overwrites.
-        model = model.to_empty(device="cpu")
-        if loaded.config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        model.load_weights(loaded.state_dict)
-        self.model = model.to(device=self.device, dtype=config.torch_dtype).eval()
-        self.model.model.layers[0].self_attn.rotary.move_to(self.device)  # shared by every layer
-        if config.execution == "optimized":
-            self.model.fuse_projections()
-            if self.device.type == "cpu":
-                self.model.pack_projections()
-        self.attention_backend = self._attention_backend()
-        self.model.set_attention_backend(self.attention_backend)
+        self._warn_if_bf16_is_emulated()
+        self.ops = self._model_ops()
+        self.attention_backend = self.ops.attention
+        self.model = LlamaForCausalLM(loaded.config, self._model_weights(loaded), self.ops).eval()
         self.kv_caches = self._allocate_kv_cache()
         # NOTE: eager keeps the plain framework's per-call allocations; that difference is one of the levers.
         self.gather_workspace = GatherWorkspace() if config.execution == "optimized" else None
@@ -78,21 +73,39 @@ class ModelRunner:
         graphs.capture()
         return graphs
 
-    def _attention_backend(self) -> AttentionBackend:
+    def _warn_if_bf16_is_emulated(self) -> None:
+        if self.device.type == "cpu" and self.config.dtype == "bfloat16" and native_bf16_gemm() is None:
+            logger.warning("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: its GEMMs are emulated and may be "
+                           "slower than float32")
+        if self.config.weights != "dense" and self.config.dtype == "float32":
+            logger.warning("weights=%s with float32 activations runs torch's slow CPU path (slower than dense "
+                           "float32); add --dtype bfloat16", self.config.weights)
+
+    def _model_weights(self, loaded: LoadedModel) -> ModelWeights:
+        """The projection form: quantized when asked; on CPU the optimized path prepacks the dense ones."""
+        projection: ProjectionKind = "dense"
+        if self.config.weights != "dense":
+            projection = self.config.weights
+        elif self.config.execution == "optimized" and self.device.type == "cpu":
+            projection = "packed"
+        return ModelWeights(loaded.config, loaded.state_dict, self.config.torch_dtype, self.device, projection,
+                            loaded.int4_weights, loaded.source)
+
+    def _model_ops(self) -> ModelOps:
+        """Triton kernels (attention, KV store, norms, SiLU) on the optimized GPU path or when asked; else torch."""
         name = self.config.attention_backend
         if name == "auto":
             use_triton = self.device.type == "cuda" and self.config.execution == "optimized"
             name = "triton" if use_triton else "torch"
         if name == "torch":
-            return TORCH_BACKEND
+            return TORCH_OPS
         # Imported only here: Triton decides compiled vs interpreted when the kernels are defined.
         from engine.kernels import triton_available
-        from engine.kernels.backend import TritonAttentionBackend
 
         available, reason = triton_available()
         if not available:
             raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
-        return TritonAttentionBackend()
+        return triton_ops()
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         mc = self.model_config

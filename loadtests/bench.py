@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
 from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatchEngine
+from engine.model.projection import native_bf16_gemm
 from engine.weights import LoadedModel, load_model
 from loadtests.workloads import WORKLOADS, WorkItem, make_workload
 
@@ -25,6 +26,10 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     "contiguous": lambda c, w: LLMEngine(replace(c, kv_layout="contiguous"), w),
     "eager": lambda c, w: LLMEngine(replace(c, execution="eager"), w),
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
+    # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (README, "Which --dtype and
+    # --weights"), so these use them where the CPU has native bfloat16 GEMMs.
+    "int8": lambda c, w: LLMEngine(replace(c, weights="int8", dtype=_quantized_dtype(c)), w),
+    "int4": lambda c, w: LLMEngine(replace(c, weights="int4", dtype=_quantized_dtype(c)), w),
     "naive": lambda c, w: NaiveEngine(c, w),
     "static": lambda c, w: StaticBatchEngine(c, w),
     "hf-cb": lambda c, w: HFContinuousBatchingEngine(c, w),
@@ -32,6 +37,10 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
 # The raw-framework baselines every engine's throughput is divided by, when they ran: HF one request at
 # a time, HF padded static batches, and HF's own continuous batching (its paged-attention manager).
 BASELINES = ("naive", "static", "hf-cb")
+
+
+def _quantized_dtype(config: EngineConfig) -> str:
+    return "bfloat16" if native_bf16_gemm() is not None else config.dtype
 
 
 @dataclass(slots=True)
@@ -131,7 +140,7 @@ def run_bench(config: EngineConfig, engine_names: list[str], workload: str, num_
     any_engine = next(iter(engines.values()))
     return {
         "model": loaded.name, "workload": workload, "num_prompts": num_prompts, "concurrency": concurrency,
-        "max_tokens": max_tokens, "seed": seed, "rounds": rounds,
+        "max_tokens": max_tokens, "seed": seed, "rounds": rounds, "native_bf16_gemm": native_bf16_gemm(),
         "config": asdict(any_engine.config),  # type: ignore[attr-defined]
         "prompt_tokens_total": sum(len(i.prompt_token_ids) for i in items),
         "engines": summary,

@@ -28,7 +28,11 @@ NAIVE = "naive"
 
 @dataclass(frozen=True, slots=True)
 class AblationVariant:
-    """One variant: ``lever`` is the lever it switches off (None: every lever on; "all": the raw framework)."""
+    """One variant: ``lever`` is the lever it changes (None: every lever on, as served; "all": the raw framework).
+
+    Most variants switch one lever off; the ``execution`` variants that change the numbers the
+    GEMMs read (``bfloat16``, ``int8``, ``int4``) switch a faster form on instead.
+    """
 
     name: str
     lever: str | None
@@ -48,6 +52,12 @@ STANDARD_VARIANTS: tuple[AblationVariant, ...] = (
                     ("--kv-layout", "contiguous")),
     AblationVariant("eager", "execution", "execution=eager: plain torch ops, no fused kernels or graphs",
                     ("--execution", "eager")),
+    AblationVariant("bfloat16", "execution", "dtype=bfloat16: half the weight bytes per step (AVX512-BF16/AMX "
+                    "GEMMs where the CPU has them)", ("--dtype", "bfloat16")),
+    AblationVariant("int8", "execution", "weights=int8 with bfloat16 activations: weight-only int8 GEMMs",
+                    ("--dtype", "bfloat16", "--weights", "int8")),
+    AblationVariant("int4", "execution", "weights=int4 with bfloat16 activations: the GGUF's own 4-bit groups",
+                    ("--dtype", "bfloat16", "--weights", "int4")),
     AblationVariant(NAIVE, "all", "HF transformers one request at a time: the raw framework",
                     ("--engine", "naive")),
 )

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.model.config import LlamaConfig
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.weights.gguf_quant import Q4_1Tensor
 
 DEFAULT_MODEL = "smollm2-135m"
 DUMMY_PREFIX = "dummy:"
@@ -28,6 +32,8 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     source: str
+    # GGUF Q4_1 tensors as stored, by HF name: the int4 path reads their codes instead of requantizing.
+    int4_weights: dict[str, Q4_1Tensor] = field(default_factory=dict)
 
 
 def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
@@ -38,7 +44,8 @@ def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, se
         from engine.weights.gguf_loader import load_gguf
 
         path = fetch_smollm2()
-        return LoadedModel(*load_gguf(path, dtype), name=name, source=str(path))
+        config, state_dict, tokenizer, q4_1 = load_gguf(path, dtype)
+        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1)
     if name.startswith(DUMMY_PREFIX):
         from engine.weights.dummy import load_dummy
 
@@ -48,7 +55,8 @@ def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, se
     if path.is_file() and path.suffix == ".gguf":
         from engine.weights.gguf_loader import load_gguf
 
-        return LoadedModel(*load_gguf(path, dtype), name=name, source=str(path))
+        config, state_dict, tokenizer, q4_1 = load_gguf(path, dtype)
+        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1)
     if path.is_dir() and (path / "config.json").is_file():
         from engine.weights.hf_dir import load_hf_dir
 

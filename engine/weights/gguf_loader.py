@@ -13,6 +13,7 @@ from gguf.quants import dequantize
 
 from engine.model.config import LlamaConfig
 from engine.tokenizer import GGUF_EOS_KEYS, Tokenizer
+from engine.weights.gguf_quant import Q4_1Tensor
 from engine.weights.layout import check_state_dict
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
@@ -36,11 +37,13 @@ _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _SUPPORTED_ARCHITECTURES = ("llama",)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, HF-named state dict (in ``dtype``) and tokenizer of a Llama-architecture GGUF file.
+def load_gguf(path: Path, dtype: torch.dtype
+              ) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer, dict[str, Q4_1Tensor]]:
+    """Config, HF-named state dict (in ``dtype``), tokenizer and Q4_1 tensors of a Llama GGUF file.
 
     Quantized tensors (Q4_1, Q8_0, ...) are dequantized with ``gguf.quants``; q/k projections are
-    un-permuted from llama.cpp's interleaved rotary layout back to HF's rotate-half layout.
+    un-permuted from llama.cpp's interleaved rotary layout back to HF's rotate-half layout. The
+    Q4_1 ones are also returned as stored (by HF name), for the int4 path to use their own codes.
     """
     reader = _open(path)
     metadata = _metadata(reader)
@@ -51,6 +54,7 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaConfig, dict[str, to
         raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} ids, model {config.vocab_size}")
 
     state_dict: dict[str, torch.Tensor] = {}
+    q4_1: dict[str, Q4_1Tensor] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         # NOTE: GGUF lists dimensions fastest-first (ne0 = columns), the reverse of torch's order.
@@ -60,14 +64,21 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaConfig, dict[str, to
         if not array.flags.writeable:  # unquantized tensors come back as views of the memory map
             array = array.copy()
         weight = torch.from_numpy(array.astype(np.float32, copy=False))
+        rotary_heads = None
         if name.endswith("self_attn.q_proj.weight"):
-            weight = unpermute_rotary_rows(weight, config.num_heads)
+            rotary_heads = config.num_heads
         elif name.endswith("self_attn.k_proj.weight"):
-            weight = unpermute_rotary_rows(weight, config.num_kv_heads)
+            rotary_heads = config.num_kv_heads
+        if rotary_heads is not None:
+            weight = unpermute_rotary_rows(weight, rotary_heads)
         state_dict[name] = weight.to(dtype)
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1 and len(shape) == 2:
+            order = None if rotary_heads is None else \
+                unpermute_rotary_rows(torch.arange(shape[0]).unsqueeze(1), rotary_heads).squeeze(1)
+            q4_1[name] = Q4_1Tensor(np.asarray(tensor.data), (shape[0], shape[1]), order)
 
     check_state_dict(config, state_dict, str(path))
-    return config, state_dict, tokenizer
+    return config, state_dict, tokenizer, q4_1
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:

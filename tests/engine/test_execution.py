@@ -26,14 +26,17 @@ def test_optimized_and_eager_give_the_same_tokens(tiny) -> None:
     assert [o.token_ids for o in eager] == [o.token_ids for o in optimized]
 
 
-def test_fused_projections_share_memory_with_the_layer_weights(tiny) -> None:
-    llm = LLM("dummy:tiny", loaded=tiny, execution="optimized")
-    attn = llm.engine.runner.model.model.layers[0].self_attn
-    assert attn.qkv_weight is not None
-    assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
+def test_eager_projections_are_fused_dense_linears(tiny) -> None:
+    layer = LLM("dummy:tiny", loaded=tiny, execution="eager").engine.runner.model.model.layers[0]
+    config = tiny.config
+    assert layer.self_attn.qkv_proj.kind == "dense"
+    assert layer.self_attn.qkv_proj.weight.shape == ((config.num_heads + 2 * config.num_kv_heads) * config.head_dim,
+                                                     config.hidden_size)
+    assert layer.mlp.gate_up_proj.weight.shape == (2 * config.intermediate_size, config.hidden_size)
 
 
-def test_triton_backend_matches_torch_backend(tiny) -> None:
+def test_triton_forward_matches_torch_forward(tiny) -> None:
+    """Every Triton kernel in one forward (KV store, paged attention, fused add+RMSNorm, SiLU-and-mul)."""
     from engine.kernels import triton_available
 
     available, reason = triton_available()
@@ -41,8 +44,12 @@ def test_triton_backend_matches_torch_backend(tiny) -> None:
         pytest.skip(f"Triton cannot run here: {reason}")
     torch_out = LLM("dummy:tiny", loaded=tiny, attention_backend="torch", max_num_batched_tokens=24,
                     block_size=8).generate(PROMPTS, GREEDY)
-    triton_out = LLM("dummy:tiny", loaded=tiny, attention_backend="triton", max_num_batched_tokens=24,
-                     block_size=8).generate(PROMPTS, GREEDY)
+    triton_llm = LLM("dummy:tiny", loaded=tiny, attention_backend="triton", max_num_batched_tokens=24, block_size=8)
+    ops = triton_llm.engine.runner.model.ops
+    assert (ops.name, ops.attention.name) == ("triton", "triton")
+    assert ops.rms_norm.__module__ == ops.add_rms_norm.__module__ == "engine.kernels.rmsnorm"
+    assert ops.silu_and_mul.__module__ == "engine.kernels.silu_mul"
+    triton_out = triton_llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in triton_out] == [o.token_ids for o in torch_out]
 
 
@@ -90,11 +97,11 @@ def test_optimized_cpu_packs_and_reuses_buffers_and_gives_eager_tokens(tiny, dty
     import torch
 
     loaded = tiny if dtype_name == "float32" else load_model("dummy:tiny", torch.bfloat16)
-    eager = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="eager")
-    optimized = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="optimized")
+    eager = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="eager", device="cpu")
+    optimized = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="optimized", device="cpu")
     assert eager.engine.runner.gather_workspace is None
     assert optimized.engine.runner.gather_workspace is not None
-    assert optimized.engine.runner.model.model.layers[0].mlp.down_op is not None
+    assert optimized.engine.runner.model.model.layers[0].mlp.down_proj.kind == "onednn-packed"
     eager_out = eager.generate(PROMPTS, GREEDY)
     optimized_out = optimized.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in eager_out] == [o.token_ids for o in optimized_out]

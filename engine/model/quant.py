@@ -1,0 +1,72 @@
+"""Weight-only quantized forms of a GEMM weight: int4 groups (as GGUF's Q4_1 stores them) and int8 rows.
+
+``Int4Groups`` is a ``[N, K]`` weight as 4-bit codes in groups of 32 along K, each group with its
+own scale and minimum: ``w = scale * code + min``, the Q4_1 layout. A Q4_1 GGUF tensor gives these
+exactly (``engine.weights.gguf_quant``); any other weight is quantized to them by each group's
+min and max. ``int8_rows`` requantizes a dense weight to one symmetric int8 scale per output row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT4_GROUP_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Groups:
+    """``w[n, k] = scales[n, k // 32] * codes[n, k] + mins[n, k // 32]``; codes in 0..15."""
+
+    codes: torch.Tensor  # [N, K] uint8
+    scales: torch.Tensor  # [N, K / 32] float32
+    mins: torch.Tensor  # [N, K / 32] float32
+
+    def __post_init__(self) -> None:
+        num_rows, num_cols = self.codes.shape
+        groups = (num_rows, num_cols // INT4_GROUP_SIZE)
+        if num_cols % INT4_GROUP_SIZE or tuple(self.scales.shape) != groups or tuple(self.mins.shape) != groups:
+            raise ValueError(f"int4 groups of {INT4_GROUP_SIZE} do not fit codes {tuple(self.codes.shape)}, "
+                             f"scales {tuple(self.scales.shape)}, mins {tuple(self.mins.shape)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 ``[N, K]`` weight these codes stand for."""
+        num_rows, num_cols = self.codes.shape
+        grouped = self.codes.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        return (grouped * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(num_rows, num_cols)
+
+    def permute_rows(self, order: torch.Tensor) -> Int4Groups:
+        return Int4Groups(self.codes[order], self.scales[order], self.mins[order])
+
+    @staticmethod
+    def cat(parts: list[Int4Groups]) -> Int4Groups:
+        """Groups of weights stacked along the output rows (fused QKV, gate/up)."""
+        return Int4Groups(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                          torch.cat([p.mins for p in parts]))
+
+    @staticmethod
+    def from_float(weight: torch.Tensor) -> Int4Groups:
+        """Quantize by each group's range: its min maps to code 0 and its max to 15 (Q4_1's rule)."""
+        num_rows, num_cols = weight.shape
+        if num_cols % INT4_GROUP_SIZE:
+            raise ValueError(f"int4 needs the input size to be a multiple of {INT4_GROUP_SIZE}, got {num_cols}")
+        grouped = weight.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        low, high = grouped.amin(-1), grouped.amax(-1)
+        scales = (high - low) / 15
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = ((grouped - low.unsqueeze(-1)) / safe.unsqueeze(-1)).round().clamp_(0, 15)
+        return Int4Groups(codes.to(torch.uint8).view(num_rows, num_cols), scales, low)
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes int8 [N, K], scales float32 [N])`` with ``w ~= codes * scales[:, None]``, symmetric per row."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1) / 127
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = (w / safe.unsqueeze(1)).round().clamp_(-127, 127).to(torch.int8)
+    return codes, scales

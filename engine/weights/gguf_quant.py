@@ -1,0 +1,50 @@
+"""The 4-bit codes of a GGUF Q4_1 tensor, read as stored (no dequantize-requantize round trip).
+
+A Q4_1 block holds 32 consecutive values of a row: ``d`` (float16), ``m`` (float16) and 16 bytes
+of codes, value ``j`` in the low nibble of byte ``j`` and value ``j + 16`` in its high nibble;
+``w = d * code + m``. That is :class:`~engine.model.quant.Int4Groups` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.model.quant import INT4_GROUP_SIZE, Int4Groups
+
+_Q4_1_BLOCK_BYTES = 20
+
+
+def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
+    """``Int4Groups`` of a Q4_1 tensor's raw bytes, for a ``[rows, cols]`` (torch order) weight."""
+    num_rows, num_cols = shape
+    if num_cols % INT4_GROUP_SIZE:
+        raise ValueError(f"a Q4_1 row of {num_cols} values is not a whole number of {INT4_GROUP_SIZE}-value blocks")
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, _Q4_1_BLOCK_BYTES)
+    if blocks.shape[0] != num_rows * num_cols // INT4_GROUP_SIZE:
+        raise ValueError(f"Q4_1 data holds {blocks.shape[0]} blocks, shape {shape} needs "
+                         f"{num_rows * num_cols // INT4_GROUP_SIZE}")
+    scales = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+    mins = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+    packed = blocks[:, 4:]
+    codes = np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(num_rows, num_cols)
+    return Int4Groups(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(mins))
+
+
+@dataclass(frozen=True, slots=True)
+class Q4_1Tensor:
+    """A Q4_1 weight of the file, decoded to :class:`Int4Groups` only when a model asks for int4.
+
+    ``row_order`` is set for q/k projections, whose rows the loader un-permutes from llama.cpp's
+    interleaved rotary layout (the codes get the same row order as the dequantized weight).
+    """
+
+    raw: np.ndarray  # the file's bytes (a view of the memory map)
+    shape: tuple[int, int]
+    row_order: torch.Tensor | None = None  # [rows] int64: output row i is the file's row row_order[i]
+
+    def groups(self) -> Int4Groups:
+        groups = q4_1_groups(self.raw, self.shape)
+        return groups if self.row_order is None else groups.permute_rows(self.row_order)
