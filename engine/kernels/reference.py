@@ -2,7 +2,7 @@
 
 The attention and KV-store references call the engine's own eager path (engine/attention.py),
 so a kernel that matches them matches what the engine computes without kernels; RMSNorm and
-SiLU-mul reuse the model's modules and formula. ``dense_causal_attention`` is independent of
+SiLU-mul reuse the model's own torch ops (engine/model/ops.py). ``dense_causal_attention`` is independent of
 both the paged layout and SDPA: explicit scores, mask and softmax over a contiguous context,
 to check the paged reference itself.
 """
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, paged_attention
 from engine.attention import store_kv as eager_store_kv
-from engine.model.llama import RMSNorm
+from engine.model.ops import rms_norm
 
 
 def store_kv_reference(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -71,11 +71,8 @@ def dense_causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The model's own ``RMSNorm`` module applied to ``x`` ``[T, hidden]``."""
-    norm = RMSNorm(x.shape[1], eps).to(device=x.device, dtype=weight.dtype)
-    with torch.no_grad():
-        norm.weight.copy_(weight)
-        return norm(x)
+    """The model's own plain-torch norm (what ``RMSNorm`` computes without kernels) on ``x`` ``[T, hidden]``."""
+    return rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -73,6 +73,7 @@ def test_a_signal_to_diagnose_stops_locust_and_the_server(tmp_path: Path, sig: s
     assert len(run.frame("steps")) > 0 and len(run.frame("requests")) > 0
 
 
+@pytest.mark.slow
 def test_locust_dying_mid_run_fails_the_run_and_stops_the_server(tmp_path: Path) -> None:
     out, log = tmp_path / "run", tmp_path / "diagnose.log"
     process = start_diagnose(out, log)

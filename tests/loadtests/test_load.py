@@ -86,6 +86,7 @@ def test_chunk_arrival_times_are_per_chunk_not_per_stream(tmp_path) -> None:
     assert load_manifest(RunDirectory(out)).warnings == [w.to_dict() for w in point.warnings]
 
 
+@pytest.mark.slow
 def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_server: ServerProcess) -> None:
     rate, seed = 20.0, 3
     out = tmp_path / "run"

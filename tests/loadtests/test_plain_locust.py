@@ -149,6 +149,7 @@ def llm_tab(stats: dict) -> dict:
             for row in extended["data"]}
 
 
+@pytest.mark.slow
 def test_web_ui_lists_the_llm_rows_and_user_changes_reach_the_report(tmp_path: Path,
                                                                       dummy_server: ServerProcess) -> None:
     port, log = free_port(), tmp_path / "locust.log"

@@ -27,6 +27,7 @@ def test_report_on_a_non_run_fails_with_a_message(tmp_path, capsys) -> None:
     assert "not a run directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_installed_command_when_the_entry_point_is_there(scenario_dir, tmp_path) -> None:
     script = Path(sys.executable).parent / "servescope"
     if not script.exists():
