@@ -63,7 +63,7 @@ def measure_reference(run_dir: Path, model: str | None, target_step: TargetStep,
 
 
 def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eos: bool = True,
-                     num_tokens: int = 8) -> TargetStep:
+                     num_tokens: int = 64) -> TargetStep:
     """Time a target over HTTP: ``batch`` concurrent streams of ``num_tokens`` tokens; one step = their median
     time per output token after the first (from the usage count, as a server may merge tokens into one chunk).
 
@@ -95,8 +95,8 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
                         if choice.get("finish_reason"):
                             finish = now
                     num_tokens_out = (chunk.get("usage") or {}).get("completion_tokens") or num_tokens_out
-            if first is None or finish is None or num_tokens_out < 3:
-                return None
+            if first is None or finish is None or num_tokens_out < 3 or finish <= first:
+                return None  # NOTE: every token in one chunk (a fast server merges them) times nothing
             return (finish - first) / (num_tokens_out - 1)
 
         def one_round() -> float:
