@@ -9,14 +9,12 @@ reach here. It is timed after the load, with nothing of ours running, into ``exe
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from probes.execution_paths import EXECUTION_REFERENCE_NAME, OPTIMIZED, PathTiming, measure_paths
 from probes.model_shape import resolve_model_shape
@@ -24,17 +22,6 @@ from probes.run_dir import RunDirectory
 
 # (batch, context) -> a callable that times one decode step of the target, in seconds
 TargetStep = Callable[[int, int], Callable[[], float]]
-
-
-def is_local(url: str) -> bool:
-    """Whether ``url`` names this machine (a loopback address or ``localhost``)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def measure_reference(run_dir: Path, model: str | None, target_step: TargetStep, num_threads: int | None = None,

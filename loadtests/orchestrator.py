@@ -27,7 +27,7 @@ from loadtests.plan import build_plan, write_plan
 from loadtests.progress import LoadProgress, summary_table
 from loadtests.server_process import ServerProcess
 from loadtests.summary import Summary, write_summary
-from loadtests.target import Target, discover_target, probe_request
+from loadtests.target import Target, discover_target, is_this_machine, probe_request
 from loadtests.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
 from loadtests.workloads import TokenizerLike
 from probes.peaks import measure_peaks
@@ -182,9 +182,9 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
     """After the load, for a target on this machine serving a model servescope knows: its decode step
     against servescope's optimized path, in turns (``execution_reference.json``, the outside execution evidence)."""
-    from loadtests.execution_reference import http_target_step, is_local, measure_reference
+    from loadtests.execution_reference import http_target_step, measure_reference
 
-    if not is_local(target.url):
+    if not is_this_machine(target.url):
         return
     try:
         with console.status("timing the target's decode step against servescope's optimized path"):
@@ -242,23 +242,6 @@ class SearchOptions:
 
     max_users: int = DEFAULT_MAX_USERS
     model_bytes: int | None = None
-
-
-def is_this_machine(url: str) -> bool:
-    """Whether ``url``'s host is one of this machine's addresses (then its bandwidth is the one measured here)."""
-    import ipaddress
-    import socket
-    from urllib.parse import urlsplit
-
-    import psutil
-
-    host = urlsplit(url).hostname or ""
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    mine = {a.address.split("%")[0] for nics in psutil.net_if_addrs().values() for a in nics}
-    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in mine for a in addresses)
 
 
 def tokenizer_name_for(target: Target, tokenizer_name: str | None = None) -> str:

@@ -9,11 +9,16 @@ failed requests.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
 
 from loadtests.load_context import API_PATHS, request_body
 
@@ -116,3 +121,15 @@ def _post_probe(target: Target, api: str, ignore_eos: bool, api_key: str | None)
         return exc.code, exc.read(1 << 16).decode("utf-8", errors="replace"), exc.headers.get("Content-Type", "")
     except (urllib.error.URLError, OSError) as exc:
         raise ValueError(f"{target.url}{API_PATHS[api]} did not answer the probe request: {exc}") from exc
+
+
+def is_this_machine(url: str) -> bool:
+    """Whether ``url``'s host is this machine (loopback or one of its addresses): then the bandwidth measured here
+    bounds it and servescope's optimized path can be timed beside it."""
+    host = urlsplit(url).hostname or ""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    mine = {a.address.split("%")[0] for nics in psutil.net_if_addrs().values() for a in nics}
+    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in mine for a in addresses)
