@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from probes.execution_paths import EXECUTION_REFERENCE_NAME, OPTIMIZED, PathTiming, measure_paths
 from probes.model_shape import resolve_model_shape
@@ -72,7 +73,7 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
             num_tokens_out = 0
             with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
                 response.raise_for_status()
-                for line in response.iter_lines():
+                for line in _sse_lines(response):
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
                         continue
                     chunk = json.loads(line[5:])
@@ -97,3 +98,20 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
         return one_round
 
     return make
+
+
+def _sse_lines(response: Any) -> Iterator[str]:
+    """The body's lines split at LF only, as SSE frames them.
+
+    NOTE: not ``httpx``'s ``iter_lines``, which also splits at the Unicode line separators that
+    ``json.dumps(..., ensure_ascii=False)`` leaves raw inside a token's text (seen with dummy:tiny's
+    random tokens), cutting a ``data:`` line in two.
+    """
+    buffer = b""
+    for chunk in response.iter_bytes():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.decode("utf-8", errors="replace")
