@@ -2,18 +2,18 @@
 
     python -m loadtests.probed_server --run-dir DIR [serve flags]
 
-Runs ``serve``'s own start-up (:func:`engine.server.cli.run_serve`) with hooks that attach a
-:class:`~probes.session.ProbeSession` to it (steps, requests, host, NVML), serves until
-SIGTERM/SIGINT, and then stops the probes, which writes the run directory's tables, ``run.json``
-and ``trace.json``. It lives here, not in engine/, because the engine never imports probes/.
+Runs ``serve``'s own start-up (:func:`engine.server.cli.run_serve`) with hooks that calibrate the
+engine's steps (:mod:`probes.step_calibration`) and attach a :class:`~probes.session.ProbeSession`
+to it (steps, requests, host, NVML) before it serves, serve until SIGTERM/SIGINT, and then stop
+the probes, which writes the run directory's tables, ``run.json`` and ``trace.json``. It lives here, not in engine/, because the engine never imports probes/.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +22,11 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.server.cli import ServeHooks, run_serve
 from engine.server.cli import register as register_serve
-from probes.execution_paths import measure_for_run
+from loadtests.config import LoadConfig
+from loadtests.plan import build_plan
 from probes.peaks import measure_peaks
 from probes.run_dir import RunDirectory
+from probes.step_calibration import CALIBRATION_NAME, DEFAULT_CONTEXT, measure_calibration
 
 RUN_DIR_FLAG = "--run-dir"
 
@@ -61,6 +63,7 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
 
     @contextlib.contextmanager
     def attach(engine: Any) -> Iterator[None]:
+        calibrate_steps(engine, args.run_dir, workload)
         session = ProbeSession.for_engine(engine, args.run_dir, workload=workload, seeds=seeds)
         session.start()
         error: BaseException | None = None
@@ -71,22 +74,47 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
             raise
         finally:
             session.stop(error=error)
-        time_execution_paths(engine, args.run_dir)
 
     return ServeHooks(before_engine=before_engine, attach=attach)
 
 
-def time_execution_paths(engine: Any, run_dir: str) -> None:
-    """After the load: the run's execution path against the optimized one on its decode batch.
+def calibrate_steps(engine: Any, run_dir: str, workload: dict[str, Any] | None) -> None:
+    """Before the load: the engine's decode step on both execution paths at several batch sizes.
 
-    NOTE: a failure here costs the execution evidence, never the run: the probes are written already.
+    NOTE: a failure here costs the execution verdict and the batch-size curve of the predictions,
+    never the run (the server still serves); a warning says so.
     """
+    from engine import LLMEngine
+    from engine.weights import load_model
+
+    if not isinstance(engine, LLMEngine):
+        return  # the baselines (naive, static) have neither paths nor a scheduler the replay runs
     config = engine.config
     try:
-        measure_for_run(run_dir, config.model, config.execution, config.dtype, config.device, config.num_threads,
-                        settings=dataclasses.asdict(config))
-    except Exception as exc:  # noqa: BLE001 - reported, and the verdict says the paths were not timed
-        print(f"servescope: warning: timing the execution paths failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        context = representative_context(workload, engine)
+        loaded = load_model(config.model, config.torch_dtype, config.seed)
+        calibration = measure_calibration(loaded, config, context)
+        RunDirectory(run_dir).save(CALIBRATION_NAME, calibration)
+        print(f"servescope: step calibration took {calibration.cost_s:.1f} s (batch sizes "
+              f"{calibration.batches}, {calibration.context}-token contexts)", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - reported; the verdict then says the paths were not timed
+        print(f"servescope: warning: the step calibration failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def representative_context(workload: dict[str, Any] | None, engine: Any) -> int:
+    """The context a decoding sequence of this load typically has: the median planned prompt plus half the
+    median output; :data:`DEFAULT_CONTEXT` when the load is not known here."""
+    config = (workload or {}).get("config")
+    if not config:
+        return DEFAULT_CONTEXT
+    try:
+        known = {name: config[name] for name in LoadConfig.__dataclass_fields__ if name in config}
+        plan = build_plan(LoadConfig(**known), engine.tokenizer, engine.config.max_model_len)
+    except (ValueError, TypeError, OSError):
+        return DEFAULT_CONTEXT
+    prompt = statistics.median(item.num_prompt_tokens for item in plan)
+    output = statistics.median(item.max_tokens for item in plan)
+    return max(1, round(prompt + output / 2))
 
 
 def main(argv: list[str] | None = None) -> int:

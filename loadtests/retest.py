@@ -80,7 +80,7 @@ def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str,
         round_dir = out / f"round-{index}"
         console.rule(f"retest round {index}: {' '.join(argv) or 'the given flags'} ({load.point_name})")
         run_round(load, round_dir, argv)
-        diagnosis = refresh_with_speedup(round_dir, console)
+        diagnosis = json.loads((round_dir / DIAGNOSIS_NAME).read_text())
         if previous is not None:
             record = pull_record(previous, round_dir, diagnosis)
             pulls.append(record)
@@ -131,43 +131,6 @@ def rewrite_reports(before_dir: Path, after_dir: Path) -> dict[str, Any]:
 
     write_report(before_dir)
     return write_report(after_dir)
-
-
-def refresh_with_speedup(run_dir: Path, console: Console) -> dict[str, Any]:
-    """After an eager run, measure the optimized path's forward speedup and rewrite the report with it."""
-    diagnosis = json.loads((run_dir / DIAGNOSIS_NAME).read_text())
-    if not add_execution_speedup(run_dir, console):
-        return diagnosis
-    from reports import write_report
-
-    return write_report(run_dir)
-
-
-def add_execution_speedup(run_dir: Path, console: Console) -> bool:
-    """``execution_speedup.json`` for an eager run of the bundled engine (at its mean batch and context)."""
-    import pandas as pd
-
-    from probes.execution_speedup import measure_execution_speedup, write_execution_speedup
-    from probes.manifest import RunManifest
-    from probes.run_dir import MANIFEST_NAME
-
-    manifest = RunDirectory(run_dir).load(MANIFEST_NAME, RunManifest)
-    config = (manifest.engine_config if manifest is not None else None) or {}
-    steps_path = run_dir / "steps.parquet"
-    if config.get("execution") != "eager" or not steps_path.is_file():
-        return False
-    steps = pd.read_parquet(steps_path)
-    decode = steps[steps["num_decode_tokens"] > 0]
-    if decode.empty:
-        return False
-    batch = max(1, round(float(decode["num_seqs"].mean())))
-    context = max(1, round(float((decode["num_kv_slots_used"] / decode["num_seqs"]).mean())))
-    with console.status(f"measuring the optimized path's speedup over eager (batch {batch}, {context} tokens)"):
-        speedup = measure_execution_speedup(config, batch, context)
-    write_execution_speedup(run_dir, speedup)
-    console.print(f"optimized forward {speedup.speedup:.2f}x eager's on this machine "
-                  f"({speedup.eager_forward_s * 1000:.1f} vs {speedup.optimized_forward_s * 1000:.1f} ms per decode step)")
-    return True
 
 
 def print_pull(console: Console, record: dict[str, Any]) -> None:

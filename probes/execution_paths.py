@@ -5,12 +5,12 @@ forward pass, where no step timer can tell a slow path from a heavy one. So it i
 counterfactual: the engine is built once per execution path on the same weights, given the run's
 own decode batch (``batch`` sequences of ``context`` tokens), and each path's decode steps are
 timed interleaved (path A, path B, A, B, ...), so whatever else the machine does hits both alike.
-This happens after the load, on the machine that served it, with nothing of ours running.
+This happens after the load, on the machine that served it, with nothing of ours running, and is
+written as ``execution_reference.json`` (``servescope load``: the optimized path alone, at the batch
+the client saw decoding, for a target whose model is known here).
 
-Two files use it: ``execution_paths.json`` (``servescope diagnose``: the run's own path against
-the optimized one, at the engine's median decode batch) and ``execution_reference.json``
-(``servescope load``: the optimized path alone, at the batch the client saw decoding, for a target
-whose model is known here).
+:class:`PathTiming` is also how the execution verdict reads our own engine's two paths; those come
+from the step calibration the probed server measures before the load (:mod:`probes.step_calibration`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 import pandas as pd
 
-EXECUTION_PATHS_NAME = "execution_paths.json"
 EXECUTION_REFERENCE_NAME = "execution_reference.json"
 OPTIMIZED = "optimized"
 TARGET = "target"  # the server under test, timed from its client (execution_reference.json)
@@ -143,31 +142,3 @@ def measure_paths(model: str, batch: int, context: int, paths: tuple[str, ...] =
                       num_steps=num_steps, measured_at=time.time(),
                       method=(f"best of {num_steps} decode steps per path, paths interleaved, after the load; "
                               f"{source} weights" + (f", {num_threads} threads" if num_threads else "")))
-
-
-# The engine settings a path comparison keeps from the run (all but the path, the model and the device).
-RUN_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
-                "kv_layout", "enable_chunked_prefill", "attention_backend", "host_overhead_ms")
-
-
-def measure_for_run(run_dir: Any, model: str, execution: str, dtype: str = "float32", device: str = "cpu",
-                    num_threads: int | None = None, num_steps: int = 12,
-                    settings: dict[str, Any] | None = None) -> PathTiming | None:
-    """The run's own path against the optimized one on its median decode batch, saved as ``execution_paths.json``.
-
-    ``settings`` are the run's engine settings (see :data:`RUN_SETTINGS`), kept on both paths. None
-    (and nothing written) when the run has no decode step to take a shape from.
-    """
-    from probes.loader import load_run
-    from probes.run_dir import RunDirectory
-
-    directory = RunDirectory(run_dir)
-    frames = load_run(directory.path).frames
-    shape = decode_shape(frames["steps"]) if "steps" in frames else None
-    if shape is None:
-        return None
-    kept = {name: value for name, value in (settings or {}).items() if name in RUN_SETTINGS}
-    timing = measure_paths(model, *shape, paths=(execution, OPTIMIZED), dtype=dtype, device=device,
-                           num_threads=num_threads, num_steps=num_steps, run_path=execution, settings=kept)
-    directory.save(EXECUTION_PATHS_NAME, timing)
-    return timing

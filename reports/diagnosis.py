@@ -20,8 +20,9 @@ from typing import Any
 import reports.capacity_rules  # noqa: F401 - registers the capacity rules
 import reports.external_rules  # noqa: F401 - registers the external rules
 import reports.rules  # noqa: F401 - registers the engine rules
-from probes.execution_paths import EXECUTION_PATHS_NAME, EXECUTION_REFERENCE_NAME, PathTiming
+from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
+from probes.step_calibration import CALIBRATION_NAME, StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.capacity import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
@@ -159,7 +160,17 @@ def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | 
     return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
                  roofline=roofline, engine_config=data.engine_config, sweep=sweep,
                  is_metrics_unread=is_metrics_unread,
-                 execution_paths=directory.load(EXECUTION_PATHS_NAME, PathTiming))
+                 execution_paths=run_path_timing(directory, data))
+
+
+def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | None:
+    """Both execution paths' decode step at the run's median decode batch, read off the step calibration
+    the server measured before the load (the one measurement the predictions read too)."""
+    calibration = directory.load(CALIBRATION_NAME, StepCalibration)
+    shape = decode_shape(data.steps_in_window())
+    if calibration is None or shape is None or calibration.other_path is None:
+        return None
+    return calibration.path_timing(*shape)
 
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:

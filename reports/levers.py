@@ -87,7 +87,7 @@ def _execution_lever(facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
                 "buffers, CUDA graphs on a GPU",
                 f"the optimized path would remove {pct(path.value)} of each decode step ({p.run_path} "
                 f"{p.step_s[p.run_path] * 1000:.2f} ms -> {p.optimized_s * 1000:.2f} ms on the run's batch of "
-                f"{p.batch}, timed side by side)")
+                f"{p.batch}, calibrated side by side before the load)")
     outside = by_name.get("slower_than_optimized")
     if outside is not None and facts.execution_reference is not None:
         ref = facts.execution_reference

@@ -18,7 +18,6 @@ from typing import Any
 
 import pandas as pd
 
-from probes.execution_speedup import read_execution_speedup
 from probes.replay import (
     EngineConfig,
     ReplayLoad,
@@ -29,7 +28,8 @@ from probes.replay import (
     pseudo_token_ids,
     replay,
 )
-from probes.run_dir import PLAN_NAME
+from probes.run_dir import PLAN_NAME, RunDirectory
+from probes.step_calibration import CALIBRATION_NAME, StepCalibration
 from reports.dataset import RunDataset
 from reports.step_model import StepModel, fit_step_model
 
@@ -110,7 +110,7 @@ class Lever:
     flags: str
     description: str
     changes: Mapping[str, Any] = field(default_factory=dict)
-    forward_speedup: float | None = 1.0  # None: the speedup was never measured, so nothing is predicted
+    is_measured: bool = True  # False: what it changes was never measured (the other path uncalibrated), nothing predicted
     users: int | None = None
     note: str = ""
     drop_flags: tuple[str, ...] = ()
@@ -120,8 +120,8 @@ class Lever:
         return self.flags.split() if self.flags.startswith("--") and self.users is None else []
 
 
-def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, speedup: float | None,
-                     speedup_note: str = "", offer_load: bool = False) -> list[Lever]:
+def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, calibration: StepCalibration | None,
+                     offer_load: bool = False) -> list[Lever]:
     """The levers that apply to a run of the bundled engine with ``config`` under ``load``; with
     ``offer_load`` (the verdict found the load, not the server, to be the limit) more load is one."""
     out: list[Lever] = []
@@ -144,7 +144,8 @@ def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, speedup: float
                          {"enable_prefix_caching": True}, drop_flags=("--no-prefix-caching",)))
     if config.get("execution") == "eager":
         out.append(Lever("execution", "--execution optimized", "the optimized execution path",
-                         {"execution": "optimized"}, forward_speedup=speedup, note=speedup_note))
+                         {"execution": "optimized"}, is_measured=is_calibrated(calibration, "optimized"),
+                         note=calibration_note(calibration, "optimized")))
     if float(config.get("host_overhead_ms") or 0.0) > 0:
         out.append(Lever("host_overhead", "--host-overhead-ms 0", "no per-step host overhead",
                          {"host_overhead_ms": 0.0}))
@@ -152,6 +153,21 @@ def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, speedup: float
         out.append(Lever("load", f"--users {2 * load.users}", "twice the offered load (more users)",
                          users=2 * load.users))
     return out
+
+
+def is_calibrated(calibration: StepCalibration | None, path: str) -> bool:
+    return calibration is not None and path in calibration.forward_s
+
+
+def calibration_note(calibration: StepCalibration | None, path: str) -> str:
+    """How the other execution path's step was measured, or why its gain is not predicted."""
+    if calibration is None or path not in calibration.forward_s:
+        return ("not predicted: the step calibration did not time this path for this run "
+                f"(no {CALIBRATION_NAME}; `servescope diagnose` writes it before the load)")
+    at = calibration.batches[-1]
+    return (f"{path} forward calibrated before the load at batch sizes {', '.join(map(str, calibration.batches))} "
+            f"({calibration.forward(calibration.run_path, at) * 1000:.1f} -> {calibration.forward(path, at) * 1000:.1f} "
+            f"ms at {at}); a step saves those milliseconds, the rest of the loaded step stays")
 
 
 def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str:
@@ -233,7 +249,8 @@ def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
     """Fit the step model on ``data``'s steps, replay its load, and predict every lever that applies."""
     if not data.has_engine_probes:
         return Predictions(unknown="the run has no engine steps to fit a step-time model on (an external server)")
-    model = fit_step_model(data.steps_in_window())
+    calibration = RunDirectory(data.path).load(CALIBRATION_NAME, StepCalibration)
+    model = fit_step_model(data.steps_in_window(), calibration=calibration)
     if model is None:
         return Predictions(unknown="too few busy engine steps to fit a step-time model")
     inputs = replay_inputs(data)
@@ -245,28 +262,28 @@ def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
         base_config = engine_config(recorded)
     except (ValueError, TypeError) as exc:
         return Predictions(step_model=model.to_dict(), unknown=f"the run's engine config cannot be replayed: {exc}")
-    base = replay(base_config, requests, load, step_cost(model, base_config, base_config, 1.0))
+    base = replay(base_config, requests, load, step_cost(model, base_config, base_config))
     measured = _measured(data, load)
     check = {"replayed": base.to_dict(), "measured": measured,
              "throughput_error": _error(base.steady_throughput, measured.get("steady_output_throughput"))}
-    speedup, speedup_note = read_execution_speedup(data.path)
     levers = []
-    for lever in candidate_levers(recorded, load, speedup, speedup_note, offer_load):
+    for lever in candidate_levers(recorded, load, calibration, offer_load):
         levers.append(_predict_one(lever, recorded, requests, load, model, base, measured))
     levers.sort(key=lambda lv: -(lv.predicted_gain or 0.0))
     return Predictions(levers=levers, step_model=model.to_dict(), replay_check=check)
 
 
-def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig,
-              forward_speedup: float) -> Callable[[SimStep], float]:
-    """The fitted step time on ``config``; burnt host time as the run measured it when the knob is unchanged."""
+def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig) -> Callable[[SimStep], float]:
+    """The fitted step time on ``config`` (its execution path included); burnt host time as the run measured it
+    when the knob is unchanged."""
     if recorded.host_overhead_ms > 0:
         host_s = model.host_overhead_s * config.host_overhead_ms / recorded.host_overhead_ms
     else:
         host_s = config.host_overhead_ms / 1000
+    path = config.execution if config.execution != recorded.execution else None
 
     def cost(step: SimStep) -> float:
-        return model.step_time(step, host_s, forward_speedup)
+        return model.step_time(step, host_s, path)
 
     return cost
 
@@ -274,14 +291,11 @@ def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig,
 def _predict_one(lever: Lever, recorded: Mapping[str, Any], requests: list[SimRequest], load: ReplayLoad,
                  model: StepModel, base: ReplayMeasures, measured: Mapping[str, Any]) -> LeverPrediction:
     pulls = {"add_flags": lever.add_flags, "drop_flags": list(lever.drop_flags), "users": lever.users}
-    if lever.forward_speedup is None:
-        return LeverPrediction(lever.lever, lever.flags, lever.description, None,
-                               note=lever.note or "not predicted: the eager/optimized step ratio was not measured",
-                               **pulls)
+    if not lever.is_measured:
+        return LeverPrediction(lever.lever, lever.flags, lever.description, None, note=lever.note, **pulls)
     config = engine_config(recorded, lever.changes)
     lever_load = dataclasses.replace(load, users=lever.users) if lever.users is not None else load
-    result = replay(config, requests, lever_load, step_cost(model, config, engine_config(recorded),
-                                                            lever.forward_speedup))
+    result = replay(config, requests, lever_load, step_cost(model, config, engine_config(recorded)))
     gain = _ratio(result.steady_throughput, base.steady_throughput)
 
     def scaled(key: str, predicted: float | None, replayed: float | None) -> float | None:

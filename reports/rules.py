@@ -6,8 +6,8 @@ healthy engine spends 15-30% of a step on the host, requests wait in 95-100% of 
 when a limit binds, and 0% when none does, so every threshold below sits well clear of both.
 
 Execution is judged from measured evidence only: the host time between device work (the step
-probe's phases and the gaps between steps) and the optimized path timed against the run's own on
-the run's decode batch (probes.execution_paths). How far a step is from its roofline floor (its
+probe's phases and the gaps between steps) and the optimized path timed against the run's own, read
+at the run's decode batch off the step calibration measured before the load (probes.step_calibration). How far a step is from its roofline floor (its
 bytes and FLOPs at the machine's measured peaks) supports the verdict but never makes it: a small
 model's steps are all dispatch, whatever the path.
 """
@@ -221,7 +221,8 @@ class OptimizedPathRemoves(Rule):
     bottleneck = "execution"
     threshold = PATH_SHARE
     why = ("The optimized execution path (fused and prepacked GEMMs, reused buffers, CUDA graphs on a GPU) timed "
-           "against the run's own path on the run's own decode batch, interleaved, after the load: when it takes "
+           "against the run's own path before the load (decode steps at several batch sizes, interleaved), read at "
+           "the run's own decode batch: when it takes "
            "at least 30% less time per step (1.43x the step rate), the path is what holds the steps back. Measured, "
            "not assumed: on a small model the optimized path can be the slower one, and then this does not pass.")
 
@@ -234,7 +235,7 @@ class OptimizedPathRemoves(Rule):
     def describe(self, facts: Facts, value: float | None) -> str:
         p = facts.execution_paths
         if p is None:
-            return "the execution paths were not timed for this run (no execution_paths.json)"
+            return "the execution paths were not timed for this run (no step_calibration.json)"
         timed = ", ".join(f"{path} {seconds * 1000:.2f} ms" for path, seconds in p.step_s.items())
         shape = f"{p.batch} sequences of {p.context} tokens"
         if p.run_path == "optimized":

@@ -10,11 +10,20 @@ HTTP and streaming threads sharing the cores, is part of the per-step cost), les
 - ``decode_seq_s``: each sequence decoding one token (its row, sampling, streaming the token out);
 - ``context_token_s``: each cached token the step's attention reads.
 
-In a run whose batch never changed size the per-sequence cost cannot be told from the per-step
-cost; the fit, preferring fewer terms, then leaves it at zero and predicts a bigger batch to cost
-what this one did (the memory-bound case). The coefficients are fitted by non-negative least squares (a cost cannot be negative), on a
-random 80% of the steps; the error is measured on the other 20%. ``forward`` is the same model
-fitted on the model forward alone, the part the execution lever (eager vs optimized) scales.
+With a step calibration (:mod:`probes.step_calibration`: the forward of a decode step timed at batch
+sizes 1, 2, 4, ... before the load) the forward's dependence on the batch size is measured, not fitted:
+a step costs the calibrated forward of its decoding sequences (at least one row), plus the linear
+terms above fitted on what is left, i.e. what the loaded server adds to that forward (its host work,
+the time the rest of the machine takes from the step, prompt rows, context beyond the calibrated
+one). A batch size the run never reached then costs what the calibration measured for it, not a
+line drawn through the one or two sizes the run had. Without a calibration the forward term is zero
+and the linear terms carry everything; in a run whose batch never changed size the per-sequence
+cost then cannot be told from the per-step cost, and the fit, preferring fewer terms, predicts a
+bigger batch to cost what this one did.
+
+The coefficients are fitted by non-negative least squares (a cost cannot be negative), on a random
+80% of the steps; the error is measured on the other 20%. ``forward`` is the same model fitted on
+the model forward alone; the execution lever uses it for the prompt rows of a step.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from probes.step_calibration import StepCalibration
 
 FEATURES = ("overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
 HOLDOUT_SHARE = 0.2
@@ -59,7 +70,11 @@ class Coefficients:
 
 @dataclass(frozen=True, slots=True)
 class StepModel:
-    """The fitted step time (``total``) and model-forward time (``forward``), with held-out errors."""
+    """The fitted step time (``total``) and model-forward time (``forward``), with held-out errors.
+
+    With a ``calibration`` both are fitted over the calibrated forward of the step's decoding sequences
+    (see the module's docstring), and the context term counts the tokens beyond the calibrated context.
+    """
 
     total: Coefficients
     forward: Coefficients
@@ -69,18 +84,45 @@ class StepModel:
     holdout_total_error: float  # (sum predicted - sum measured) / sum measured over held-out steps
     mean_step_s: float
     host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (the OS may stretch it)
+    calibration: StepCalibration | None = None
 
-    def step_time(self, work: StepWork, host_overhead_s: float = 0.0, forward_speedup: float = 1.0) -> float:
-        """Predicted seconds for a step: the fitted cost, with the forward ``forward_speedup`` times
-        faster, plus the host time a ``--host-overhead-ms`` setting burns."""
-        saved = self.forward.predict(work) * (1.0 - 1.0 / forward_speedup)
-        return max(self.total.predict(work) - saved, 0.0) + host_overhead_s
+    def calibrated_forward(self, work: StepWork, path: str | None = None) -> float:
+        """The calibrated forward of the step's decoding sequences (at least one row) on ``path``; 0 uncalibrated."""
+        if self.calibration is None:
+            return 0.0
+        return self.calibration.forward(path or self.calibration.run_path, max(work.num_decode_tokens, 1))
+
+    def linear_work(self, work: StepWork) -> StepWork:
+        """What the linear terms see: with a calibration, only the context beyond the calibrated one."""
+        if self.calibration is None:
+            return work
+        return StepWork(work.num_prefill_tokens, work.num_decode_tokens,
+                        work.num_context_tokens - work.num_decode_tokens * self.calibration.context)
+
+    def step_time(self, work: StepWork, host_overhead_s: float = 0.0, path: str | None = None) -> float:
+        """Predicted seconds for a step on execution ``path`` (default the run's own), plus the host time a
+        ``--host-overhead-ms`` setting burns.
+
+        On another path the step saves what the calibration measured that path to save: the forward of
+        its decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is
+        the same on both paths), and its prompt rows the share saved at the largest calibrated batch.
+        """
+        own = self.calibrated_forward(work) + self.total.predict(self.linear_work(work))
+        saved = 0.0
+        if self.calibration is not None and path is not None and path != self.calibration.run_path:
+            calibration = self.calibration
+            largest = calibration.batches[-1]
+            row_share = 1.0 - calibration.forward(path, largest) / calibration.forward(calibration.run_path, largest)
+            saved = (self.calibrated_forward(work) - self.calibrated_forward(work, path)
+                     + self.forward.prefill_token_s * work.num_prefill_tokens * row_share)
+        return max(own - saved, 0.0) + host_overhead_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total.to_dict(), "forward": self.forward.to_dict(), "num_fit_steps": self.num_fit_steps,
                 "num_holdout_steps": self.num_holdout_steps, "holdout_mape": self.holdout_mape,
                 "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s,
-                "host_overhead_s": self.host_overhead_s}
+                "host_overhead_s": self.host_overhead_s, "calibrated": self.calibration is not None,
+                "calibration_batches": self.calibration.batches if self.calibration is not None else None}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -103,18 +145,26 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def step_features(steps: pd.DataFrame) -> np.ndarray:
+def step_features(steps: pd.DataFrame, calibration: StepCalibration | None = None) -> np.ndarray:
     """One row per step: ``[1, prefill tokens, decoding sequences, context tokens]``.
 
     The context is ``num_kv_slots_used``: the computed tokens of the running requests after the step,
-    what their next attention reads (the simulator counts it the same way).
+    what their next attention reads (the simulator counts it the same way); with a ``calibration``,
+    less the calibrated context of each decoding sequence (that part is in the calibrated forward).
     """
-    return np.column_stack([
-        np.ones(len(steps)),
-        steps["num_prefill_tokens"].to_numpy(float),
-        steps["num_decode_tokens"].to_numpy(float),
-        steps["num_kv_slots_used"].to_numpy(float),
-    ])
+    decode = steps["num_decode_tokens"].to_numpy(float)
+    context = steps["num_kv_slots_used"].to_numpy(float)
+    if calibration is not None:
+        context = context - decode * calibration.context
+    return np.column_stack([np.ones(len(steps)), steps["num_prefill_tokens"].to_numpy(float), decode, context])
+
+
+def calibrated_forward_s(steps: pd.DataFrame, calibration: StepCalibration | None) -> np.ndarray:
+    """Each step's calibrated forward of its decoding sequences (at least one row); zeros without a calibration."""
+    if calibration is None:
+        return np.zeros(len(steps))
+    decode = steps["num_decode_tokens"].to_numpy(float)
+    return np.array([calibration.forward(calibration.run_path, max(d, 1.0)) for d in decode])
 
 
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
@@ -132,8 +182,9 @@ def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def fit_step_model(steps: pd.DataFrame, seed: int = 0) -> StepModel | None:
-    """Fit on the busy steps of one run; None when there are too few to fit and hold some out."""
+def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibration | None = None) -> StepModel | None:
+    """Fit on the busy steps of one run (over ``calibration``'s forward when given); None when there are too
+    few to fit and hold some out."""
     busy = busy_periods(steps)
     if len(busy) < MIN_STEPS:
         return None
@@ -141,12 +192,13 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0) -> StepModel | None:
     is_holdout = rng.random(len(busy)) < HOLDOUT_SHARE
     if is_holdout.sum() == 0 or (~is_holdout).sum() < len(FEATURES):
         is_holdout = np.arange(len(busy)) % 5 == 0
-    x = step_features(busy)
+    x = step_features(busy, calibration)
+    base = calibrated_forward_s(busy, calibration)
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
-    total = Coefficients(*map(float, nnls(x[~is_holdout], y[~is_holdout])))
-    forward = Coefficients(*map(float, nnls(x[~is_holdout], y_forward[~is_holdout])))
-    predicted = x[is_holdout] @ np.array(list(total.to_dict().values()))
+    total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout])))
+    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base)[~is_holdout])))
+    predicted = base[is_holdout] + x[is_holdout] @ np.array(list(total.to_dict().values()))
     measured = y[is_holdout]
     positive = measured > 0
     mape = float(np.mean(np.abs(predicted[positive] - measured[positive]) / measured[positive])) if positive.any() \
@@ -154,4 +206,5 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0) -> StepModel | None:
     total_error = float((predicted.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else float("nan")
     return StepModel(total=total, forward=forward, num_fit_steps=int((~is_holdout).sum()),
                      num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
-                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()))
+                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()),
+                     calibration=calibration)

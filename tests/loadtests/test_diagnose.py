@@ -109,10 +109,14 @@ def test_diagnose_the_dummy_model(tmp_path) -> None:
     roofline = diagnosis["metrics"]["roofline"]
     assert all(roofline[k] is None or roofline[k] <= 1 for k in ("decode_mbu", "decode_mfu", "prefill_mbu",
                                                                  "prefill_mfu"))
-    # After the load, the run's path against the optimized one on the run's own decode batch.
+    # Before the load, the step calibration: both paths at several batch sizes, in the server process; the
+    # verdict reads it at the run's own decode batch.
+    calibration = json.loads((out / "step_calibration.json").read_text())
+    assert calibration["run_path"] == "optimized" and set(calibration["step_s"]) == {"optimized", "eager"}
+    assert calibration["batches"][0] == 1 and len(calibration["batches"]) >= 3
+    assert manifest["started_at"] >= calibration["measured_at"] and calibration["measured_at"] < load["started_at"]
     paths = diagnosis["metrics"]["execution_paths"]
     assert paths["run_path"] == "optimized" and paths["batch"] >= 1 and paths["step_s"]["optimized"] > 0
-    assert paths["measured_at"] > load["finished_at"]
 
 
 @pytest.mark.slow

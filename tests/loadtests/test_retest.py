@@ -11,23 +11,25 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from engine.flags import add_engine_args, engine_config_from_args
 from loadtests.config import LoadConfig
 from loadtests.retest import apply_flags, run_retest
+from probes.step_calibration import CALIBRATION_NAME, StepCalibration
 from reports import write_report
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT
 
 
-def in_process_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
+def in_process_round(load: LoadConfig, round_dir: Path, argv: list[str], calibrate: bool = False) -> None:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(argv))
     engine = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("device", "num_threads")}
     run(round_dir, Load(users=load.users, duration_s=load.duration_s, warmup_s=load.warmup_s, workload_args=SHORT),
-        engine)
+        engine, time_paths=calibrate)
     write_report(round_dir)
 
 
@@ -71,3 +73,25 @@ def test_flags_replace_their_old_values_and_drop_what_the_lever_removes() -> Non
         "--model", "dummy:tiny", "--max-num-seqs", "2", "--no-prefix-caching", "--num-kv-blocks", "64"]
     assert apply_flags(argv, [], ["--no-prefix-caching"]) == [
         "--model", "dummy:tiny", "--max-num-seqs", "2", "--kv-cache-mb", "8"]
+
+
+def test_the_execution_verdict_and_prediction_read_the_one_step_calibration(tmp_path: Path) -> None:
+    """An eager run: the step calibration (before the load) is what both the execution evidence and the
+    ``--execution optimized`` prediction read; without it neither claims a figure."""
+    out = tmp_path / "eager"
+    in_process_round(_load(4), out, ["--model", "dummy:tiny", "--execution", "eager"], calibrate=True)
+    calibration = StepCalibration.from_dict(json.loads((out / CALIBRATION_NAME).read_text()))
+    assert calibration.run_path == "eager" and calibration.other_path == "optimized"
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    paths = diagnosis["metrics"]["execution_paths"]
+    for path in ("eager", "optimized"):
+        assert paths["step_s"][path] == pytest.approx(calibration.step(path, paths["batch"]))
+    lever = next(lv for lv in diagnosis["levers"] if lv["lever"] == "execution")
+    assert lever["predicted_gain"] is not None and "calibrated before the load" in lever["note"]
+    assert diagnosis["predictions"]["step_model"]["calibrated"]
+
+    (out / CALIBRATION_NAME).unlink()
+    diagnosis = write_report(out)
+    lever = next(lv for lv in diagnosis["levers"] if lv["lever"] == "execution")
+    assert lever["predicted_gain"] is None and "not predicted" in lever["note"]
+    assert diagnosis["metrics"]["execution_paths"] is None

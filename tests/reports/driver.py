@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from loadtests.plan import PlannedRequest, write_plan
 from loadtests.records import ClientRecord
 from loadtests.workloads import make_workload
 from probes.base import Probe
-from probes.execution_paths import measure_for_run
 from probes.host import HostProbe
 from probes.manifest import RunManifest
 from probes.peaks import MachinePeaks, measure_peaks
@@ -45,6 +45,7 @@ from probes.run_dir import (
     SweepPoint,
 )
 from probes.session import ProbeSession
+from probes.step_calibration import CALIBRATION_NAME, measure_calibration
 
 ENGINE_KINDS = ("continuous", "static", "naive")
 # Seconds in-flight requests get to finish after the load stops before they are aborted.
@@ -113,13 +114,17 @@ def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: st
 
     ``external`` records only what a client of someone else's server has (client rows, this
     host), plus, with ``metrics``, the engine's own Prometheus ``/metrics`` scraped over HTTP.
-    With ``time_paths``, after the load, as ``servescope diagnose`` and ``load`` do: the run's
-    execution path against the optimized one on its decode batch (engine runs), and the optimized
-    path on the batch the client saw (runs with client rows).
+    With ``time_paths``, as ``servescope diagnose`` and ``load`` do: before the load the step
+    calibration (engine runs: both execution paths at several decode batch sizes), and after it
+    the optimized path on the batch the client saw (runs with client rows).
     """
     built = build_engine(kind, engine or {})
     plan = make_plan(built, load)
     run_dir = RunDirectory.create(out)
+    if time_paths and kind == "continuous" and not external:
+        context = round(statistics.median(p.num_prompt_tokens + p.max_tokens / 2 for p in plan))
+        run_dir.save(CALIBRATION_NAME, measure_calibration(shared_model(built.config.model), built.config, context,
+                                                           repeats=2))
     write_plan(out / PLAN_NAME, plan)
     config = load.load_config()
     info = {"config": config.to_dict(), "server": "external" if external else "in-process",
@@ -144,9 +149,6 @@ def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: st
                                      target="in-process"))
     if time_paths and kind == "continuous":
         config = built.config
-        if not external:
-            measure_for_run(out, config.model, config.execution, config.dtype, "cpu", config.num_threads,
-                            settings=dict(engine or {}))
         measure_reference(out, config.model, lambda batch, context: engine_step(built, batch, context),
                           num_threads=config.num_threads)
     return out

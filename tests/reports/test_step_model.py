@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports.step_model import fit_step_model, nnls
+from probes.step_calibration import StepCalibration
+from reports.step_model import StepWork, busy_periods, fit_step_model, nnls
 
 KNOWN = {"overhead_s": 0.004, "prefill_token_s": 60e-6, "decode_seq_s": 300e-6, "context_token_s": 2e-6}
 
@@ -62,3 +63,62 @@ def test_nnls_matches_the_unconstrained_fit_when_it_is_non_negative_and_clamps_o
 
 def test_too_few_steps_give_no_model() -> None:
     assert fit_step_model(synthetic_steps(5, noise=0.0)) is None
+
+
+def calibration(run_path: str = "optimized") -> StepCalibration:
+    """A forward that grows slower than linearly with the batch (the weights are read once per step)."""
+    forward = {"optimized": [0.040, 0.046, 0.049, 0.052, 0.060], "eager": [0.055, 0.100, 0.079, 0.082, 0.102]}
+    return StepCalibration(model="m", dtype="float32", device="cpu", context=100, run_path=run_path,
+                           batches=[1, 2, 4, 8, 16], step_s=forward, forward_s=forward, repeats=2, cost_s=1.0,
+                           measured_at=0.0, method="synthetic")
+
+
+def loaded_steps(n: int, calibrated: StepCalibration, path: str, batches: list[int], seed: int = 0) -> pd.DataFrame:
+    """Steps of a loaded server on ``path``: the calibrated forward of the decoding sequences plus what the load adds
+    (10 ms a step, 1 ms a sequence, 60 us a prompt token, 40 of them in the forward), 3% noise."""
+    rng = np.random.default_rng(seed)
+    prefill = rng.choice([0, 0, 0, 128], n)
+    decode = rng.choice(batches, n) * (prefill == 0) + (prefill > 0) * rng.choice([0, 1], n)
+    context = decode * 100 + rng.integers(0, 50, n)
+    share = calibrated.forward(path, 16) / calibrated.forward(calibrated.run_path, 16)
+    path_forward = np.array([calibrated.forward(path, max(d, 1)) for d in decode]) + 40e-6 * prefill * share
+    stolen = 0.010 + 0.001 * decode + 20e-6 * prefill
+    total = (path_forward + stolen) * rng.lognormal(0.0, 0.03, n)
+    start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
+    return pd.DataFrame({"start_time": start, "total_s": total, "forward_s": path_forward + 0.002,
+                         "host_overhead_s": 0.0, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
+                         "num_kv_slots_used": context})
+
+
+def mean_decode_period(steps: pd.DataFrame, batch: int) -> float:
+    return float(busy_periods(steps).query(f"num_prefill_tokens == 0 and num_decode_tokens == {batch}")["period_s"].mean())
+
+
+def test_a_calibrated_fit_predicts_a_batch_size_the_run_never_reached() -> None:
+    """A run at 1-2 sequences: the calibration, not a line through 1 and 2, gives the step at 8."""
+    calibrated = calibration()
+    run = loaded_steps(1200, calibrated, "optimized", [1, 2])
+    truth = mean_decode_period(loaded_steps(1200, calibrated, "optimized", [8], seed=1), 8)
+    model = fit_step_model(run, calibration=calibrated)
+    assert model is not None and model.calibration is calibrated
+    assert model.total.overhead_s == pytest.approx(0.010, rel=0.15)
+    assert model.holdout_mape < 0.05
+    at_eight = model.step_time(StepWork(0, 8, 800))
+    assert at_eight == pytest.approx(truth, rel=0.03)
+    line = fit_step_model(run)  # the same run without the calibration: the 1->2 slope carried out to 8
+    assert line is not None and abs(line.step_time(StepWork(0, 8, 800)) / truth - 1) > 0.10
+
+
+def test_the_other_path_saves_its_calibrated_forward_and_keeps_what_the_load_adds() -> None:
+    calibrated = calibration(run_path="eager")
+    model = fit_step_model(loaded_steps(1500, calibrated, "eager", [2, 4, 8]), calibration=calibrated)
+    assert model is not None
+    optimized = loaded_steps(1500, calibrated, "optimized", [2, 4, 8], seed=2)
+    for batch in (2, 8):
+        predicted = model.step_time(StepWork(0, batch, batch * 100), path="optimized")
+        assert predicted == pytest.approx(mean_decode_period(optimized, batch), rel=0.04), batch
+    # the whole run (prompt rows included) within a few percent
+    busy = busy_periods(optimized)
+    predicted = sum(model.step_time(StepWork(int(p), int(d), int(c)), path="optimized") for p, d, c in
+                    zip(busy["num_prefill_tokens"], busy["num_decode_tokens"], busy["num_kv_slots_used"], strict=True))
+    assert predicted == pytest.approx(float(busy["period_s"].sum()), rel=0.04)

@@ -1,0 +1,45 @@
+"""The step calibration: real engines of both execution paths timed at several decode batch sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig
+from probes.step_calibration import StepCalibration, calibration_batches, interpolate, measure_calibration
+from tests.reports.driver import shared_model
+
+
+def test_interpolation_is_piecewise_linear_and_extrapolates_the_last_segment() -> None:
+    batches, values = [1, 2, 4, 8], [10.0, 12.0, 14.0, 20.0]
+    assert interpolate(batches, values, 1) == 10.0 and interpolate(batches, values, 0.5) == 10.0
+    assert interpolate(batches, values, 3) == pytest.approx(13.0)
+    assert interpolate(batches, values, 6) == pytest.approx(17.0)
+    assert interpolate(batches, values, 16) == pytest.approx(32.0)  # 1.5 per sequence past 8, as from 4 to 8
+    assert interpolate([1, 2], [10.0, 9.0], 8) == 9.0  # a falling last segment is not extrapolated below its end
+    with pytest.raises(ValueError, match="one value per batch size"):
+        interpolate([1, 2], [1.0], 1)
+
+
+def test_batch_sizes_are_powers_of_two_up_to_what_twice_the_pool_holds() -> None:
+    assert calibration_batches(num_kv_blocks=1000, block_size=16, context=100, num_steps=28) == [1, 2, 4, 8, 16]
+    # 40 blocks of 16 tokens: 80 blocks hold 10 sequences of 128 + 28 tokens (8 blocks each)
+    assert calibration_batches(num_kv_blocks=40, block_size=16, context=100, num_steps=28) == [1, 2, 4, 8]
+    assert calibration_batches(num_kv_blocks=2, block_size=16, context=100, num_steps=28) == [1]
+
+
+def test_both_paths_are_timed_at_every_batch_size_on_the_runs_settings() -> None:
+    loaded = shared_model("dummy:tiny")
+    config = EngineConfig(model="dummy:tiny", device="cpu", num_threads=1, execution="eager", max_num_seqs=2,
+                          host_overhead_ms=5.0, enable_prefix_caching=False).finalize(loaded.config)
+    calibration = measure_calibration(loaded, config, context=40, batches=[1, 2, 4], repeats=2)
+    assert calibration.run_path == "eager" and calibration.other_path == "optimized"
+    assert list(calibration.step_s) == ["eager", "optimized"]  # the run's own path first
+    assert calibration.batches == [1, 2, 4] and calibration.context == 40
+    for path in ("eager", "optimized"):
+        assert len(calibration.step_s[path]) == len(calibration.forward_s[path]) == 3
+        assert all(0 < f <= s for f, s in zip(calibration.forward_s[path], calibration.step_s[path], strict=True))
+    assert calibration.cost_s > 0
+    again = StepCalibration.from_dict(calibration.to_dict())
+    assert again.forward("optimized", 3) == calibration.forward("optimized", 3)
+    timing = again.path_timing(3, context=50)
+    assert timing.run_path == "eager" and timing.batch == 3 and set(timing.step_s) == {"eager", "optimized"}
