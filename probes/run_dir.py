@@ -9,6 +9,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
     client_health.parquet         each load worker's event-loop lag and CPU, sampled (probes.schemas.CLIENT_HEALTH)
     trace.json                    Chrome / Perfetto trace
     machine_peaks.json            probes.peaks.MachinePeaks, measured before the engine started
+    step_calibration.json         probes.step_calibration.StepCalibration, measured before the load
     load.json                     LoadInfo: the load point's config, its target and model, its load workers
     workers.json                  WorkerRoster: while a Locust master runs, the workers that joined it (then in load.json)
     workload.jsonl                the request plan (loadtests.plan)

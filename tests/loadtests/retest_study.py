@@ -59,11 +59,15 @@ def run_scenario(scenario: StudyScenario, root: Path) -> dict[str, Any]:
     retest = json.loads((out / "retest.json").read_text())
     model = (before.get("predictions") or {}).get("step_model") or {}
     pull = retest["pulls"][0] if retest["pulls"] else None
+    calibration_path = out / "round-0" / "step_calibration.json"
+    calibration = json.loads(calibration_path.read_text()) if calibration_path.is_file() else {}
     return {"scenario": scenario.name, "label": scenario.label, "expected_lever": scenario.expected_lever,
             "command": " ".join(command), "bottleneck": before["bottleneck"],
             "named": (before.get("predictions") or {}).get("best"), "pull": pull,
             "replay_check": (before.get("predictions") or {}).get("replay_check"),
-            "step_model": {k: model.get(k) for k in ("holdout_mape", "holdout_total_error", "num_holdout_steps")}}
+            "step_model": {k: model.get(k) for k in ("holdout_mape", "holdout_total_error", "num_holdout_steps",
+                                                     "calibrated")},
+            "calibration": {k: calibration.get(k) for k in ("cost_s", "batches", "context")}}
 
 
 def row(result: dict[str, Any]) -> str:
@@ -77,10 +81,12 @@ def row(result: dict[str, Any]) -> str:
         return "–" if value is None else f"{value:.2f}x"
 
     model = result["step_model"]
+    replay = (result.get("replay_check") or {}).get("throughput_error")
+    cost = (result.get("calibration") or {}).get("cost_s")
     return (f"| {result['scenario']} | {result['bottleneck']} | {pull.get('flags', '–')} | {x(pull.get('predicted_gain'))} "
             f"| {x(pull.get('measured_gain'))} | {pct(errors.get('output_throughput'))} | {pct(errors.get('ttft_p50'))} "
             f"| {pct(errors.get('tpot_p50'))} | {pct(model.get('holdout_mape'))} / "
-            f"{pct(model.get('holdout_total_error'))} |")
+            f"{pct(model.get('holdout_total_error'))} | {pct(replay)} | {'–' if cost is None else f'{cost:.1f} s'} |")
 
 
 def main(argv: list[str]) -> int:

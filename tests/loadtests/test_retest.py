@@ -89,6 +89,8 @@ def test_the_execution_verdict_and_prediction_read_the_one_step_calibration(tmp_
     lever = next(lv for lv in diagnosis["levers"] if lv["lever"] == "execution")
     assert lever["predicted_gain"] is not None and "calibrated before the load" in lever["note"]
     assert diagnosis["predictions"]["step_model"]["calibrated"]
+    # the calibrated model's replay of the run's own settings gives back what was measured
+    assert abs(diagnosis["predictions"]["replay_check"]["throughput_error"]) < 0.10
 
     (out / CALIBRATION_NAME).unlink()
     diagnosis = write_report(out)
