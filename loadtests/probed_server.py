@@ -61,9 +61,11 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
             peaks = measure_peaks(config.device, config.dtype, num_threads=config.num_threads)
         run_dir.write_peaks(peaks.for_dtype(config.dtype))
 
+    def before_serving(engine: Any, loaded: Any) -> None:
+        calibrate_steps(engine, loaded, args.run_dir, workload)
+
     @contextlib.contextmanager
     def attach(engine: Any) -> Iterator[None]:
-        calibrate_steps(engine, args.run_dir, workload)
         session = ProbeSession.for_engine(engine, args.run_dir, workload=workload, seeds=seeds)
         session.start()
         error: BaseException | None = None
@@ -75,24 +77,23 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
         finally:
             session.stop(error=error)
 
-    return ServeHooks(before_engine=before_engine, attach=attach)
+    return ServeHooks(before_engine=before_engine, before_serving=before_serving, attach=attach)
 
 
-def calibrate_steps(engine: Any, run_dir: str, workload: dict[str, Any] | None) -> None:
-    """Before the load: the engine's decode step on both execution paths at several batch sizes.
+def calibrate_steps(engine: Any, loaded: Any, run_dir: str, workload: dict[str, Any] | None) -> None:
+    """Before the load: the engine's decode step on both execution paths at several batch sizes, on the
+    weights it was built from (``loaded``).
 
     NOTE: a failure here costs the execution verdict and the batch-size curve of the predictions,
     never the run (the server still serves); a warning says so.
     """
     from engine import LLMEngine
-    from engine.weights import load_model
 
-    if not isinstance(engine, LLMEngine):
+    if not isinstance(engine, LLMEngine) or loaded is None:
         return  # the baselines (naive, static) have neither paths nor a scheduler the replay runs
     config = engine.config
     try:
         context = representative_context(workload, engine)
-        loaded = load_model(config.model, config.torch_dtype, config.seed)
         calibration = measure_calibration(loaded, config, context)
         RunDirectory(run_dir).save(CALIBRATION_NAME, calibration)
         print(f"servescope: step calibration took {calibration.cost_s:.1f} s (batch sizes "

@@ -15,12 +15,15 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
 from engine.server.serving_engine import ServingEngine
+
+if TYPE_CHECKING:
+    from engine.weights import LoadedModel
 
 ENGINE_KINDS = ("continuous", "naive", "static", "hf-cb")
 API_KEY_ENV = "SERVESCOPE_API_KEY"
@@ -53,12 +56,12 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(func=run_serve)
 
 
-def build_engine(kind: str, config: EngineConfig) -> ServingEngine:
+def build_engine(kind: str, config: EngineConfig, loaded: LoadedModel | None = None) -> ServingEngine:
     """The engine behind the server: ``continuous`` (LLMEngine) or a baseline from ``engine.baselines``."""
     if kind == "continuous":
         from engine.llm_engine import LLMEngine
 
-        return LLMEngine(config)
+        return LLMEngine(config, loaded)
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine {kind!r}; expected one of {ENGINE_KINDS}")
     # NOTE: imported only when asked for: the baselines pull in HF transformers.
@@ -81,11 +84,13 @@ def build_engine(kind: str, config: EngineConfig) -> ServingEngine:
 class ServeHooks:
     """What a caller adds around ``serve``'s start-up, e.g. the probes of ``servescope diagnose``.
 
-    ``before_engine`` runs with the config before the engine takes the device; ``attach`` wraps the
-    whole time the server runs (it sees the exception, if one ends it).
+    ``before_engine`` runs with the config before the engine takes the device; ``before_serving`` with the
+    engine and, for the continuous engine, the weights it was built from, before the server listens;
+    ``attach`` wraps the whole time the server runs (it sees the exception, if one ends it).
     """
 
     before_engine: Callable[[EngineConfig], None] | None = None
+    before_serving: Callable[[ServingEngine, LoadedModel | None], None] | None = None
     attach: Callable[[ServingEngine], contextlib.AbstractContextManager[Any]] | None = None
 
 
@@ -107,7 +112,16 @@ def run_serve(args: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     config = engine_config_from_args(args)
     if hooks.before_engine is not None:
         hooks.before_engine(config)
-    engine = build_engine(args.engine, config)
+    loaded = None
+    if hooks.before_serving is not None and args.engine == "continuous":
+        from engine.weights import load_model
+
+        loaded = load_model(config.model, config.torch_dtype, config.seed)
+    engine = build_engine(args.engine, config, loaded)
+    if hooks.before_serving is not None:
+        hooks.before_serving(engine, loaded)
+    # NOTE: the engine copied the weights; the hook's reference is dropped so they can be freed.
+    del loaded
     settings = ServerSettings(api_key=api_key, max_waiting=args.max_waiting)
     if args.max_body_bytes is not None:
         settings = dataclasses.replace(settings, max_body_bytes=args.max_body_bytes)
