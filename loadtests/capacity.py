@@ -1,7 +1,8 @@
 """The capacity search: find the concurrency where a server's output throughput stops rising.
 
-Closed-loop users start at 1 and double while throughput rises by at least ``MIN_RISE``; then
-the points around the last rise are filled in, so the knee fit (reports.knee) has points on both
+Closed-loop users start at 1 and double until throughput has failed to rise ``MIN_RISE`` times
+over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the points around the last rise
+are filled in, so the knee fit (reports.knee) has points on both
 sides of it. When requests queue past the knee, the capacity point is rerun with
 ``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
@@ -31,8 +32,11 @@ from reports.dataset import RunDataset
 from reports.health import run_health
 from reports.summary import point_measures
 
-# Doubling goes on while a point's throughput is at least this many times the last one's.
+# A doubling rises when its throughput is at least this many times that of the last point that rose.
 MIN_RISE = 1.15
+# Doubling stops after this many doublings in a row without a rise: one point that gains little (a
+# transient, a batch size the kernels handle badly, a draw of long prompts) does not end the search.
+PLATEAU_POINTS = 2
 # The tokens experiment asks for this many times the tokens per request (prompt and output).
 TOKENS_SCALE = 3.0
 TOKENS_DIR = "tokens-x3"
@@ -78,24 +82,26 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                           + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"))
         return point
 
-    users, last = 1, None
+    users, doubled = 1, []
     while True:
         point = run(users)
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)
-        if last is not None and point.output_tokens_per_s < MIN_RISE * last.output_tokens_per_s:
-            search.stopped = (f"throughput rose less than {MIN_RISE:.2f}x from {last.users} to {users} users "
-                              f"({last.output_tokens_per_s:.1f} -> {point.output_tokens_per_s:.1f} tok/s)")
+        doubled.append((users, point.output_tokens_per_s))
+        last_rise, plateau = doubling_plateau(doubled)
+        if plateau is not None:
+            search.stopped = plateau
             break
         if point.slo_ok is False:
             search.stopped = f"the SLO was missed at {users} users"
             break
         if users * 2 > max_users:
-            search.stopped = f"reached --max-users {max_users} with throughput still rising"
+            search.stopped = f"reached --max-users {max_users}" + (
+                " with throughput still rising" if last_rise == users else "")
             break
-        last, users = point, users * 2
-    for users in refine_points(list(measured), last.users if last is not None else 1):
+        users *= 2
+    for users in refine_points(list(measured), last_rise):
         if run(users) is None:
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
@@ -109,6 +115,26 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         run_at(config, out / TOKENS_DIR)
         search.tokens_dir, search.tokens_scale = TOKENS_DIR, TOKENS_SCALE
     return _save(out, search)
+
+
+def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
+    """Over the doubling points so far, ``(users, output tok/s)`` in the order run: the users of the
+    last point that rose, and why the doubling stops there (None while it goes on).
+
+    A point rises when its throughput is at least ``MIN_RISE`` times the last rise's (the first
+    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not.
+    """
+    (rise_users, rise_tps), misses = points[0], 0
+    for users, tps in points[1:]:
+        if tps >= MIN_RISE * rise_tps:
+            rise_users, rise_tps, misses = users, tps, 0
+        else:
+            misses += 1
+    if misses < PLATEAU_POINTS:
+        return rise_users, None
+    after = ", ".join(f"{tps:.1f} at {users}" for users, tps in points[-misses:])
+    return rise_users, (f"throughput rose less than {MIN_RISE:.2f}x over {rise_tps:.1f} tok/s ({rise_users} users) "
+                        f"on {misses} doublings in a row ({after})")
 
 
 def refine_points(measured: list[int], last_rise: int) -> list[int]:

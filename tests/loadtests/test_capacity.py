@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from loadtests.capacity import refine_points
+from loadtests.capacity import doubling_plateau, refine_points
 from loadtests.cli import main
 from loadtests.server_process import ServerProcess
 from tests.loadtests.test_diagnose import check_nothing_lost
@@ -36,6 +36,20 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"], ["--retest"],
                      ["--workload", "trace:sample-mooncake"]):
         assert not is_search(parse(*explicit)), explicit
+
+
+def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
+    # The main job's points on smollm2-135m: 4 users gained 1.14x over 2, then 8 users 1.9x over 4.
+    assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6)]) == (2, None)
+    assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6), (8, 61.5)]) == (8, None)
+    # Two doublings in a row without a 1.15x rise over the last rise (16 users) end it there.
+    last_rise, why = doubling_plateau([(1, 16.3), (2, 28.9), (4, 35.5), (8, 61.5), (16, 79.1), (32, 67.5),
+                                       (64, 80.0)])
+    assert last_rise == 16 and why is not None and "79.1" in why and "2 doublings" in why
+    # A rise is measured against the last rise, not the point before: 30 -> 33 -> 34 is no rise over 30.
+    assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[0] == 2
+    assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[1] is not None
+    assert doubling_plateau([(1, 10.0)]) == (1, None)
 
 
 def test_refining_adds_the_midpoints_on_both_sides_of_the_last_rise() -> None:
