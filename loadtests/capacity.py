@@ -35,7 +35,8 @@ from reports.summary import point_measures
 # A doubling rises when its throughput is at least this many times that of the last point that rose.
 MIN_RISE = 1.15
 # Doubling stops after this many doublings in a row without a rise: one point that gains little (a
-# transient, a batch size the kernels handle badly, a draw of long prompts) does not end the search.
+# transient, a batch size the kernels handle badly, a draw of long prompts) does not end the search;
+# a point whose throughput falls below the last rise's ends it at once (more users made it worse).
 PLATEAU_POINTS = 2
 # The tokens experiment asks for this many times the tokens per request (prompt and output).
 TOKENS_SCALE = 3.0
@@ -54,8 +55,12 @@ class _Measured:
 def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Console, *,
                     max_users: int = DEFAULT_MAX_USERS, model_bytes: int | None = None,
                     is_local: bool = False, slo_attainment: float | None = None,
-                    peaks: MachinePeaks | None = None) -> CapacitySearch:
-    """Run the search into ``out`` (new or empty); returns what it ran (also in ``out/capacity.json``)."""
+                    peaks: MachinePeaks | None = None, probed: bool = False) -> CapacitySearch:
+    """Run the search into ``out`` (new or empty); returns what it ran (also in ``out/capacity.json``).
+
+    ``probed``: the engine's probes watch the server, so they tell what limits it and the tokens
+    experiment (a point at 3x the tokens, slow to drain) is not run.
+    """
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty; give --out a new directory")
     if max_users < 2:
@@ -63,7 +68,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     out.mkdir(parents=True, exist_ok=True)
     if peaks is not None:
         RunDirectory(out).write_peaks(peaks)
-    search = CapacitySearch(order=[], stopped="", model_bytes=model_bytes, is_local=is_local)
+    search = CapacitySearch(order=[], stopped="", model_bytes=model_bytes, is_local=is_local, probed=probed)
     if slo_attainment is not None:
         search.slo_attainment = slo_attainment
     measured: dict[int, _Measured] = {}
@@ -106,7 +111,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
-    if _wants_tokens_experiment(out, search):
+    if not probed and _wants_tokens_experiment(out, search):
         capacity = _current(out, search).concurrency
         assert capacity is not None
         config = dataclasses.replace(base.at_point("users", capacity), token_scale=TOKENS_SCALE,
@@ -122,7 +127,8 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
     last point that rose, and why the doubling stops there (None while it goes on).
 
     A point rises when its throughput is at least ``MIN_RISE`` times the last rise's (the first
-    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not.
+    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not, or at
+    once after a point below the last rise's throughput.
     """
     (rise_users, rise_tps), misses = points[0], 0
     for users, tps in points[1:]:
@@ -130,6 +136,10 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
             rise_users, rise_tps, misses = users, tps, 0
         else:
             misses += 1
+    users, tps = points[-1]
+    if misses and tps < rise_tps:
+        return rise_users, (f"throughput fell from {rise_tps:.1f} tok/s at {rise_users} users to {tps:.1f} at "
+                            f"{users} users")
     if misses < PLATEAU_POINTS:
         return rise_users, None
     after = ", ".join(f"{tps:.1f} at {users}" for users, tps in points[-misses:])

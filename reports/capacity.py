@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 
 from probes.peaks import MachinePeaks
 from probes.run_dir import RunDirectory
@@ -54,6 +55,7 @@ class CapacitySearch:
     tokens_scale: float | None = None  # how many times the tokens per request it asked for
     model_bytes: int | None = None  # the served model's weight bytes, when given or known
     is_local: bool = False  # the target runs on this machine (its memory bandwidth is ours)
+    probed: bool = False  # the engine's probes watched the search (diagnose): they, not experiments, tell the limit
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,6 +113,7 @@ class Capacity:
     serial_gain: float | None = None  # throughput at 2 users / at 1
     queue_share_past_knee: float | None = None  # decoding streams / open requests past the knee
     tokens: TokensExperiment | None = None
+    probed: bool = False  # the engine's probes watched the search, so they tell the limit
     single_stream: dict[str, Any] | None = None  # TPOT at 1 user against weight bytes / bandwidth
     slo: dict[str, Any] = field(default_factory=dict)
 
@@ -159,11 +162,24 @@ def time_averaged(data: RunDataset, begin: str) -> float | None:
     return float(overlap.sum()) / float(duration)
 
 
+def _open_in_window(data: RunDataset) -> pd.DataFrame | None:
+    """The successful requests open at some time in the measured window, those that end in the drain
+    included: with long requests (the tokens experiment) none may end inside the window at all."""
+    client, start = data.client, data.window[0]
+    duration = data.load_config.get("duration_s")
+    if client is None or not math.isfinite(start) or not duration:
+        return None
+    ok = client[client["is_ok"].astype(bool)].dropna(subset=["send_time", "end_time"])
+    return ok[(ok["end_time"] > start) & (ok["send_time"] < start + float(duration))]
+
+
 def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
     c = measures.client
     tput = streamed_throughput(data)
     tput = tput if tput is not None else (c.output_throughput if c is not None else None)
-    ok = data.latencies[data.latencies["is_ok"].astype(bool)]
+    ok = _open_in_window(data)
+    if ok is None:
+        ok = data.latencies[data.latencies["is_ok"].astype(bool)]
     tokens = (ok["num_prompt_tokens"].fillna(0) + ok["num_output_tokens"].fillna(0)).mean() if len(ok) else None
     attainment = goodput = None
     if c is not None and c.goodput is not None and c.num_requests:
@@ -188,7 +204,8 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       output_tokens_per_s=chosen.output_tokens_per_s if chosen else None,
                       goodput=chosen.goodput if chosen else None, method=method, reason=reason, limit=None,
                       limit_evidence="", knee=knee, points=cps, stopped=search.stopped,
-                      slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {})
+                      slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {},
+                      probed=search.probed)
     by_users = {p.users: p for p in rated}
     if 1 in by_users and 2 in by_users and by_users[1].output_tokens_per_s:
         result.serial_gain = by_users[2].output_tokens_per_s / by_users[1].output_tokens_per_s  # type: ignore[operator]
@@ -261,6 +278,9 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
                 if t.limit == "memory" else "the same number of requests kept decoding: a seat limit (max sequences)")
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
                          f"the decoding streams; {kind}")
+    if c.queue_share_past_knee is not None and c.probed:
+        return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
+                      f"queue; the engine's probes say why (the verdict, read at {c.past_knee_users} users)")
     if c.queue_share_past_knee is not None:
         return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
                       f"queue, but no tokens experiment says whether for seats or memory")

@@ -43,9 +43,12 @@ def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
     assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6)]) == (2, None)
     assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6), (8, 61.5)]) == (8, None)
     # Two doublings in a row without a 1.15x rise over the last rise (16 users) end it there.
-    last_rise, why = doubling_plateau([(1, 16.3), (2, 28.9), (4, 35.5), (8, 61.5), (16, 79.1), (32, 67.5),
+    last_rise, why = doubling_plateau([(1, 16.3), (2, 28.9), (4, 35.5), (8, 61.5), (16, 79.1), (32, 80.5),
                                        (64, 80.0)])
     assert last_rise == 16 and why is not None and "79.1" in why and "2 doublings" in why
+    # A point below the last rise's throughput ends it at once: more users made it worse.
+    last_rise, why = doubling_plateau([(1, 16.3), (2, 28.9), (4, 35.5), (8, 61.5), (16, 79.1), (32, 67.5)])
+    assert last_rise == 16 and why is not None and "fell" in why
     # A rise is measured against the last rise, not the point before: 30 -> 33 -> 34 is no rise over 30.
     assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[0] == 2
     assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[1] is not None
