@@ -34,9 +34,9 @@ from reports.summary import point_measures
 
 # A doubling rises when its throughput is at least this many times that of the last point that rose.
 MIN_RISE = 1.15
-# Doubling stops after this many doublings in a row without a rise: one point that gains little (a
-# transient, a batch size the kernels handle badly, a draw of long prompts) does not end the search;
-# a point whose throughput falls below the last rise's ends it at once (more users made it worse).
+# Doubling stops after this many doublings in a row without a rise: one point that gains little, or
+# even less than the point before (a transient, a batch size the engine handles badly, a draw of long
+# prompts), does not end the search.
 PLATEAU_POINTS = 2
 # The tokens experiment asks for this many times the tokens per request (prompt and output).
 TOKENS_SCALE = 3.0
@@ -127,8 +127,7 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
     last point that rose, and why the doubling stops there (None while it goes on).
 
     A point rises when its throughput is at least ``MIN_RISE`` times the last rise's (the first
-    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not, or at
-    once after a point below the last rise's throughput.
+    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not.
     """
     (rise_users, rise_tps), misses = points[0], 0
     for users, tps in points[1:]:
@@ -136,10 +135,6 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
             rise_users, rise_tps, misses = users, tps, 0
         else:
             misses += 1
-    users, tps = points[-1]
-    if misses and tps < rise_tps:
-        return rise_users, (f"throughput fell from {rise_tps:.1f} tok/s at {rise_users} users to {tps:.1f} at "
-                            f"{users} users")
     if misses < PLATEAU_POINTS:
         return rise_users, None
     after = ", ".join(f"{tps:.1f} at {users}" for users, tps in points[-misses:])
