@@ -170,6 +170,16 @@ def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok)
 
 
+def verdict_users(out: Path, search: CapacitySearch) -> int:
+    """The users of the point the verdict is read at (the first past the capacity, where its limit binds),
+    so that evidence timed after the load (the outside execution reference) is timed at that point's batch."""
+    capacity = _current(out, search)
+    for users in (capacity.past_knee_users, capacity.concurrency):
+        if users is not None and users in search.order:
+            return users
+    return max(search.order)
+
+
 def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity
     points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
     return capacity_result(out, search, points, [point_measures(p) for p in points])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from loadtests.capacity import search_capacity
+from loadtests.capacity import search_capacity, verdict_users
 from loadtests.client_table import merge_journals, take_worker_roster
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
@@ -168,7 +168,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
                 peaks = measure_peaks("auto")
         done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
                                model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
-        time_reference(out / f"users-{max(done.order)}", target, console, api_key,
+        time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
                        ignore_eos=configs[0].ignore_eos)
         return _finish(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
