@@ -32,7 +32,9 @@ from reports.dataset import RunDataset
 from reports.health import run_health
 from reports.summary import point_measures
 
-# A doubling rises when its throughput is at least this many times that of the last point that rose.
+# A doubling rises when its throughput is at least this many times that of the last point that rose,
+# once per doubling since that point (two doublings later, 1.15 ** 2): a slow creep over several
+# doublings past a seat limit (seats filled a little better by a longer queue) is no rise.
 MIN_RISE = 1.15
 # Doubling stops after this many doublings in a row without a rise: one point that gains little, or
 # even less than the point before (a transient, a batch size the engine handles badly, a draw of long
@@ -126,20 +128,21 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
     """Over the doubling points so far, ``(users, output tok/s)`` in the order run: the users of the
     last point that rose, and why the doubling stops there (None while it goes on).
 
-    A point rises when its throughput is at least ``MIN_RISE`` times the last rise's (the first
-    point is one); the search stops after ``PLATEAU_POINTS`` points in a row that did not.
+    A point rises when its throughput is at least ``MIN_RISE`` times the last rise's per doubling
+    since it (the first point is one); the search stops after ``PLATEAU_POINTS`` points in a row that
+    did not.
     """
     (rise_users, rise_tps), misses = points[0], 0
     for users, tps in points[1:]:
-        if tps >= MIN_RISE * rise_tps:
+        if tps >= MIN_RISE ** (misses + 1) * rise_tps:
             rise_users, rise_tps, misses = users, tps, 0
         else:
             misses += 1
     if misses < PLATEAU_POINTS:
         return rise_users, None
     after = ", ".join(f"{tps:.1f} at {users}" for users, tps in points[-misses:])
-    return rise_users, (f"throughput rose less than {MIN_RISE:.2f}x over {rise_tps:.1f} tok/s ({rise_users} users) "
-                        f"on {misses} doublings in a row ({after})")
+    return rise_users, (f"throughput rose less than {MIN_RISE:.2f}x per doubling over {rise_tps:.1f} tok/s "
+                        f"({rise_users} users) on {misses} doublings in a row ({after})")
 
 
 def refine_points(measured: list[int], last_rise: int) -> list[int]:

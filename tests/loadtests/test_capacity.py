@@ -51,6 +51,9 @@ def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
     assert last_rise == 16 and why is not None and "79.1" in why and "2 doublings" in why
     # Nor does one that falls: the main job's 4-user point read 26.9 tok/s after 27.5 at 2 users, then 8 users rose.
     assert doubling_plateau([(1, 15.9), (2, 27.5), (4, 26.9)]) == (2, None)
+    # Past a seat limit of 4 (dummy:tiny, 50 ms a step): 8 and 16 users crept 1.14x and 1.17x over 4 users,
+    # under the 1.15x per doubling (1.32x over two) a rise needs.
+    assert doubling_plateau([(1, 16.0), (2, 32.7), (4, 64.0), (8, 72.8), (16, 75.1)])[0] == 4
     # A rise is measured against the last rise, not the point before: 30 -> 33 -> 34 is no rise over 30.
     assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[0] == 2
     assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[1] is not None
