@@ -136,12 +136,15 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     run_path = str(config.execution)
     order = [run_path, *[p for p in paths if p != run_path]]
     kept = {name: getattr(config, name) for name in KEPT_SETTINGS}
-    per_seq_blocks = math.ceil(max_model_len / config.block_size) if config.kv_layout == "contiguous" \
-        else math.ceil((context + num_steps) / config.block_size) + 1
+    # NOTE: a paged sequence only ever holds context + num_steps tokens; a contiguous one reserves max_model_len.
+    is_contiguous = config.kv_layout == "contiguous"
+    block = int(config.block_size)
+    model_len = max_model_len if is_contiguous else min(max_model_len, math.ceil((context + num_steps + 1) / block) * block)
+    per_seq_blocks = math.ceil(model_len / block) + (0 if is_contiguous else 1)
     engines = {path: LLMEngine(EngineConfig(model=config.model, execution=path, host_overhead_ms=0.0,
                                             enable_prefix_caching=True, max_num_seqs=batches[-1],
-                                            max_model_len=max_model_len,
-                                            num_kv_blocks=per_seq_blocks * batches[-1] + 2, **kept), loaded)
+                                            max_model_len=model_len, num_kv_blocks=per_seq_blocks * batches[-1] + 2,
+                                            **kept), loaded)
                for path in order}
     vocab = loaded.config.vocab_size
     shared = [(7 + 13 * j) % (vocab - 1) + 1 for j in range(context - 1)]
