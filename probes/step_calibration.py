@@ -8,6 +8,9 @@ representative context, on its configured execution path and on the other one (e
 the two paths interleaved step by step so whatever else the machine does hits both alike. Each
 (path, batch) keeps its best of ``repeats`` steps, as a peak is: what the path does on this machine.
 
+Last, one prompt chunk (``context`` tokens, alone in its step) is timed on each path, for what the
+other path saves on prompt rows.
+
 It is written as ``step_calibration.json`` and read by two consumers, so they never disagree:
 the execution verdict (the run's path against the optimized one at the run's median decode batch) and
 the predictions (the batch-size curve of the forward, and the other path's ratio to it).
@@ -53,13 +56,16 @@ class StepCalibration:
     cost_s: float  # wall seconds the calibration took, engines built included
     measured_at: float
     method: str
+    # path -> best forward of one prompt chunk of ``prefill_tokens`` tokens, nothing else in the step
+    prefill_forward_s: dict[str, float] | None = None
+    prefill_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepCalibration:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     @property
     def other_path(self) -> str | None:
@@ -76,6 +82,13 @@ class StepCalibration:
     def forward_ratio(self, path: str, batch: float) -> float:
         """How many times faster ``path``'s forward is than the run's own at ``batch`` sequences."""
         return self.forward(self.run_path, batch) / self.forward(path, batch)
+
+    def prefill_ratio(self, path: str) -> float | None:
+        """How many times faster ``path`` computes a prompt chunk than the run's own path; None if not timed."""
+        timed = self.prefill_forward_s or {}
+        if path not in timed or self.run_path not in timed or timed[path] <= 0:
+            return None
+        return timed[self.run_path] / timed[path]
 
     def path_timing(self, batch: int, context: int | None = None) -> PathTiming:
         """Both paths' decode step at ``batch`` sequences, as the execution verdict reads it."""
@@ -178,11 +191,23 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     for path, engine in engines.items():
         for i in range(num_added):
             engine.abort(f"calibration-{path}-{i}")
+    # A prompt chunk alone in a step, on each path: big GEMMs, where the paths differ least.
+    chunk = max(1, min(context, int(config.max_num_batched_tokens or context)))
+    prefills: dict[str, list[float]] = {path: [] for path in order}
+    for repeat in range(repeats):
+        for path, engine in engines.items():
+            # NOTE: a prompt of its own (no prefix-cache hit): every token is computed
+            prompt = [(11 * repeat + 5 * j + 3) % (vocab - 1) + 1 for j in range(chunk)]
+            engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"prefill-{path}-{repeat}")
+            engine.step()
+            prefills[path].append(timers[path].last_forward_s)
+            engine.abort(f"prefill-{path}-{repeat}")
     device = str(next(iter(engines.values())).config.device)
     cost = time.perf_counter() - started
     return StepCalibration(model=config.model, dtype=str(config.dtype), device=device, context=context,
                            run_path=run_path, batches=list(batches), step_s=step_s, forward_s=forward_s,
                            repeats=repeats, cost_s=cost, measured_at=time.time(),
+                           prefill_forward_s={path: min(t) for path, t in prefills.items()}, prefill_tokens=chunk,
                            method=(f"best of {repeats} decode steps per path and batch size, paths interleaved, "
                                    f"in the server process before the load ({cost:.1f} s)"))
 

@@ -105,14 +105,17 @@ class StepModel:
 
         On another path the step saves what the calibration measured that path to save: the forward of
         its decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is
-        the same on both paths), and its prompt rows the share saved at the largest calibrated batch.
+        the same on both paths), and on its prompt rows the share it saved on a calibrated prompt chunk.
         """
         own = self.calibrated_forward(work) + self.total.predict(self.linear_work(work))
         saved = 0.0
         if self.calibration is not None and path is not None and path != self.calibration.run_path:
             calibration = self.calibration
-            largest = calibration.batches[-1]
-            row_share = 1.0 - calibration.forward(path, largest) / calibration.forward(calibration.run_path, largest)
+            ratio = calibration.prefill_ratio(path)
+            if ratio is None:  # a calibration without a timed prompt chunk: the share saved at the largest batch
+                largest = calibration.batches[-1]
+                ratio = calibration.forward(calibration.run_path, largest) / calibration.forward(path, largest)
+            row_share = 1.0 - 1.0 / ratio
             saved = (self.calibrated_forward(work) - self.calibrated_forward(work, path)
                      + self.forward.prefill_token_s * work.num_prefill_tokens * row_share)
         return max(own - saved, 0.0) + host_overhead_s

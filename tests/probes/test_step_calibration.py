@@ -39,6 +39,8 @@ def test_both_paths_are_timed_at_every_batch_size_on_the_runs_settings() -> None
         assert len(calibration.step_s[path]) == len(calibration.forward_s[path]) == 3
         assert all(0 < f <= s for f, s in zip(calibration.forward_s[path], calibration.step_s[path], strict=True))
     assert calibration.cost_s > 0
+    assert calibration.prefill_tokens == 40 and set(calibration.prefill_forward_s or {}) == {"eager", "optimized"}
+    assert calibration.prefill_ratio("optimized") is not None and calibration.prefill_ratio("eager") == 1.0
     again = StepCalibration.from_dict(calibration.to_dict())
     assert again.forward("optimized", 3) == calibration.forward("optimized", 3)
     timing = again.path_timing(3, context=50)
