@@ -237,10 +237,6 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             run_retest(configs[0], out, serve_argv(args), args.model, console, args.retest)
             return 0
         run_diagnose(configs, out, serve_argv(args), args.model, console, sweep)
-        if sweep is None:
-            from loadtests.retest import refresh_with_speedup
-
-            refresh_with_speedup(out, console)
     except RunFailedError as exc:
         console.print(f"servescope: error: {exc}")
         return 1
