@@ -80,6 +80,12 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         run_dir = out / config.point_name
         console.rule(f"capacity search: {users} user{'s' if users > 1 else ''}")
         run_at(config, run_dir)
+        overloaded = overloaded_point(run_dir)
+        if overloaded is not None:
+            # NOTE: kept out of sweep.json: the search and its verdict stand on the points measured before it.
+            search.overloaded = {"users": users, "dir": config.point_name, "why": overloaded}
+            console.print(f"{users} users: {overloaded}")
+            return None
         search.order.append(users)
         _write_index(out, search)
         point = _measure(run_dir, search.slo_attainment)
@@ -92,6 +98,11 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     users, doubled = 1, []
     while True:
         point = run(users)
+        if point is None and search.overloaded is not None and search.order:
+            last_rise = doubling_plateau(doubled)[0]
+            search.stopped = (f"users-{users} was {search.overloaded['why']}; the search stopped there and judges "
+                              f"the points before it")
+            break
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)
@@ -108,7 +119,8 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                 " with throughput still rising" if last_rise == users else "")
             break
         users *= 2
-    for users in refine_points(list(measured), last_rise):
+    for users in refine_points([*measured, *([search.overloaded["users"]] if search.overloaded else [])],
+                               last_rise):
         if run(users) is None:
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
@@ -158,6 +170,27 @@ def refine_points(measured: list[int], last_rise: int) -> list[int]:
         if lo < mid < hi and mid not in measured:
             out.append(mid)
     return out
+
+
+def overloaded_point(run_dir: Path) -> str | None:
+    """Why a point measured nothing because the server was overloaded, or None when it was not.
+
+    Overloaded: every request the point sent succeeded, but all were sent in the warm-up (closed-loop
+    users wait for their first answer) and none ended before the window closed: each took longer than
+    the whole point. Nothing failed, so the search is not broken; this load is past what it can judge.
+    """
+    from loadtests.client_table import load_client_requests
+
+    try:
+        rows = load_client_requests(run_dir)
+    except FileNotFoundError:
+        return None
+    if rows.empty or not rows["is_ok"].astype(bool).all() or not rows["is_warmup"].astype(bool).all():
+        return None
+    first = float(rows["send_time"].min())
+    return (f"overloaded: all {len(rows)} requests were sent in the warm-up, so none was measured; they ended "
+            f"{float(rows['end_time'].min()) - first:.0f}-{float(rows['end_time'].max()) - first:.0f} s after the "
+            f"first was sent, and all succeeded")
 
 
 def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
