@@ -83,7 +83,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         overloaded = overloaded_point(run_dir)
         if overloaded is not None:
             # NOTE: kept out of sweep.json: the search and its verdict stand on the points measured before it.
-            search.overloaded = {"users": users, "dir": config.point_name, "why": overloaded}
+            search.overloaded.append({"users": users, "dir": config.point_name, "why": overloaded})
             console.print(f"{users} users: {overloaded}")
             return None
         search.order.append(users)
@@ -98,10 +98,10 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     users, doubled = 1, []
     while True:
         point = run(users)
-        if point is None and search.overloaded is not None and search.order:
+        if point is None and _was_overloaded(search, users) and search.order:
             last_rise = doubling_plateau(doubled)[0]
-            search.stopped = (f"users-{users} was {search.overloaded['why']}; the search stopped there and judges "
-                              f"the points before it")
+            search.stopped = (f"users-{users} was {search.overloaded[-1]['why']}; the search stopped there and "
+                              f"judges the points before it")
             break
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
@@ -119,9 +119,8 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                 " with throughput still rising" if last_rise == users else "")
             break
         users *= 2
-    for users in refine_points([*measured, *([search.overloaded["users"]] if search.overloaded else [])],
-                               last_rise):
-        if run(users) is None:
+    for users in refine_points([*measured, *(o["users"] for o in search.overloaded)], last_rise):
+        if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
@@ -214,6 +213,10 @@ def verdict_users(out: Path, search: CapacitySearch) -> int:
         if users is not None and users in search.order:
             return users
     return max(search.order)
+
+
+def _was_overloaded(search: CapacitySearch, users: int) -> bool:
+    return any(o["users"] == users for o in search.overloaded)
 
 
 def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity
