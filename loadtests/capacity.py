@@ -80,6 +80,12 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         run_dir = out / config.point_name
         console.rule(f"capacity search: {users} user{'s' if users > 1 else ''}")
         run_at(config, run_dir)
+        overloaded = overloaded_point(run_dir)
+        if overloaded is not None:
+            # NOTE: kept out of sweep.json: the search and its verdict stand on the points measured before it.
+            search.overloaded.append({"users": users, "dir": config.point_name, "why": overloaded})
+            console.print(f"{users} users: {overloaded}")
+            return None
         search.order.append(users)
         _write_index(out, search)
         point = _measure(run_dir, search.slo_attainment)
@@ -92,6 +98,11 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     users, doubled = 1, []
     while True:
         point = run(users)
+        if point is None and _was_overloaded(search, users) and search.order:
+            last_rise = doubling_plateau(doubled)[0]
+            search.stopped = (f"users-{users} was {search.overloaded[-1]['why']}; the search stopped there and "
+                              f"judges the points before it")
+            break
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)
@@ -108,8 +119,8 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                 " with throughput still rising" if last_rise == users else "")
             break
         users *= 2
-    for users in refine_points(list(measured), last_rise):
-        if run(users) is None:
+    for users in refine_points([*measured, *(o["users"] for o in search.overloaded)], last_rise):
+        if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
@@ -160,6 +171,27 @@ def refine_points(measured: list[int], last_rise: int) -> list[int]:
     return out
 
 
+def overloaded_point(run_dir: Path) -> str | None:
+    """Why a point measured nothing because the server was overloaded, or None when it was not.
+
+    Overloaded: every request the point sent succeeded, but all were sent in the warm-up (closed-loop
+    users wait for their first answer) and none ended before the window closed: each took longer than
+    the whole point. Nothing failed, so the search is not broken; this load is past what it can judge.
+    """
+    from loadtests.client_table import load_client_requests
+
+    try:
+        rows = load_client_requests(run_dir)
+    except FileNotFoundError:
+        return None
+    if rows.empty or not rows["is_ok"].astype(bool).all() or not rows["is_warmup"].astype(bool).all():
+        return None
+    first = float(rows["send_time"].min())
+    return (f"overloaded: all {len(rows)} requests were sent in the warm-up, so none was measured; they ended "
+            f"{float(rows['end_time'].min()) - first:.0f}-{float(rows['end_time'].max()) - first:.0f} s after the "
+            f"first was sent, and all succeeded")
+
+
 def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     """The point's throughput (and whether its SLO held); None when it cannot be judged."""
     from reports.capacity import capacity_point
@@ -181,6 +213,10 @@ def verdict_users(out: Path, search: CapacitySearch) -> int:
         if users is not None and users in search.order:
             return users
     return max(search.order)
+
+
+def _was_overloaded(search: CapacitySearch, users: int) -> bool:
+    return any(o["users"] == users for o in search.overloaded)
 
 
 def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity

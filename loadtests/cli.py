@@ -32,7 +32,7 @@ from loadtests.traces import SAMPLES, read_trace, trace_path
 from loadtests.workloads import WORKLOADS, is_trace
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
-# a capacity search whose points are sized to finish in about 3 minutes on 2 CPU cores. ``users``,
+# a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
 # ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
                      "search_duration": 12.0, "search_warmup": 3.0}

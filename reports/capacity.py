@@ -59,6 +59,7 @@ class CapacitySearch:
     model_bytes: int | None = None  # the served model's weight bytes, when given or known
     is_local: bool = False  # the target runs on this machine (its memory bandwidth is ours)
     probed: bool = False  # the engine's probes watched the search (diagnose): they, not experiments, tell the limit
+    overloaded: list[dict[str, Any]] = field(default_factory=list)  # points that measured nothing: overloaded
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

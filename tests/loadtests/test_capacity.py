@@ -108,3 +108,32 @@ def test_the_tokens_experiment_tells_seats_from_memory(tmp_path) -> None:
     assert seats["tokens"]["token_ratio"] > 2 and memory["tokens"]["token_ratio"] > 2
     assert seats["limit"] == "seats", seats["limit_evidence"]
     assert memory["limit"] == "memory", memory["limit_evidence"]
+
+
+def _point(tmp_path, name: str, rows: list[tuple[bool, float, int]]):
+    """A point directory whose client table holds ``(is_warmup, end_time, status_code)`` rows, sent at 0..n-1."""
+    from loadtests.client_table import records_table
+    from loadtests.records import ClientRecord
+    from probes.run_dir import CLIENT_TABLE, RunDirectory
+
+    records = [ClientRecord(worker="w0", seq=i, plan_index=i, group="", is_warmup=warm, send_time=float(i),
+                            first_token_time=float(i) + 1.0, end_time=end, status_code=code,
+                            finish_reason="length" if code == 200 else None, num_output_tokens=32)
+               for i, (warm, end, code) in enumerate(rows)]
+    directory = RunDirectory(tmp_path / name)
+    directory.path.mkdir(parents=True)
+    directory.write_table(CLIENT_TABLE, records_table(records))
+    return directory.path
+
+
+def test_a_point_whose_every_request_outlasts_it_is_overloaded_not_broken(tmp_path) -> None:
+    from loadtests.capacity import overloaded_point
+
+    # transformers serve --continuous-batching at 32 users: the 32 first requests took 28-42 s, past the 25 s point.
+    slow = _point(tmp_path, "slow", [(True, 28.0 + i * 0.4, 200) for i in range(32)])
+    why = overloaded_point(slow)
+    assert why is not None and "all 32 requests were sent in the warm-up" in why and "all succeeded" in why
+    # A failure, or any request measured after the warm-up, is not that: the ordinary health rules judge it.
+    assert overloaded_point(_point(tmp_path, "failed", [(True, 28.0, 200), (True, 29.0, 503)])) is None
+    assert overloaded_point(_point(tmp_path, "measured", [(True, 3.0, 200), (False, 9.0, 200)])) is None
+    assert overloaded_point(tmp_path / "never-ran") is None
