@@ -20,6 +20,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
+from engine.server.engine_thread import EngineThread
 from engine.server.serving_engine import ServingEngine
 
 ENGINE_KINDS = ("continuous", "naive", "static", "hf-cb")
@@ -107,11 +108,13 @@ def run_serve(args: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     config = engine_config_from_args(args)
     if hooks.before_engine is not None:
         hooks.before_engine(config)
-    engine = build_engine(args.engine, config)
+    # NOTE: the engine is built on the thread that will step it (one OpenMP pool; see engine_thread).
+    engine_thread = EngineThread()
+    engine = engine_thread.call(build_engine, args.engine, config)
     settings = ServerSettings(api_key=api_key, max_waiting=args.max_waiting)
     if args.max_body_bytes is not None:
         settings = dataclasses.replace(settings, max_body_bytes=args.max_body_bytes)
-    app = build_app(engine, settings)
+    app = build_app(engine, settings, engine_thread)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            lifespan="on", timeout_graceful_shutdown=args.shutdown_timeout))
     sockets = None
