@@ -1,7 +1,8 @@
 """The capacity search: find the concurrency where a server's output throughput stops rising.
 
-Closed-loop users start at 1 and double while throughput rises by at least ``MIN_RISE``; then
-the points around the last rise are filled in, so the knee fit (reports.knee) has points on both
+Closed-loop users start at 1 and double until throughput has failed to rise ``MIN_RISE`` times
+over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the points around the last rise
+are filled in, so the knee fit (reports.knee) has points on both
 sides of it. When requests queue past the knee, the capacity point is rerun with
 ``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
@@ -31,8 +32,14 @@ from reports.dataset import RunDataset
 from reports.health import run_health
 from reports.summary import point_measures
 
-# Doubling goes on while a point's throughput is at least this many times the last one's.
+# A doubling rises when its throughput is at least this many times that of the last point that rose,
+# once per doubling since that point (two doublings later, 1.15 ** 2): a slow creep over several
+# doublings past a seat limit (seats filled a little better by a longer queue) is no rise.
 MIN_RISE = 1.15
+# Doubling stops after this many doublings in a row without a rise: one point that gains little, or
+# even less than the point before (a transient, a batch size the engine handles badly, a draw of long
+# prompts), does not end the search.
+PLATEAU_POINTS = 2
 # The tokens experiment asks for this many times the tokens per request (prompt and output).
 TOKENS_SCALE = 3.0
 TOKENS_DIR = "tokens-x3"
@@ -50,8 +57,12 @@ class _Measured:
 def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Console, *,
                     max_users: int = DEFAULT_MAX_USERS, model_bytes: int | None = None,
                     is_local: bool = False, slo_attainment: float | None = None,
-                    peaks: MachinePeaks | None = None) -> CapacitySearch:
-    """Run the search into ``out`` (new or empty); returns what it ran (also in ``out/capacity.json``)."""
+                    peaks: MachinePeaks | None = None, probed: bool = False) -> CapacitySearch:
+    """Run the search into ``out`` (new or empty); returns what it ran (also in ``out/capacity.json``).
+
+    ``probed``: the engine's probes watch the server, so they tell what limits it and the tokens
+    experiment (a point at 3x the tokens, slow to drain) is not run.
+    """
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty; give --out a new directory")
     if max_users < 2:
@@ -59,7 +70,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     out.mkdir(parents=True, exist_ok=True)
     if peaks is not None:
         RunDirectory(out).write_peaks(peaks)
-    search = CapacitySearch(order=[], stopped="", model_bytes=model_bytes, is_local=is_local)
+    search = CapacitySearch(order=[], stopped="", model_bytes=model_bytes, is_local=is_local, probed=probed)
     if slo_attainment is not None:
         search.slo_attainment = slo_attainment
     measured: dict[int, _Measured] = {}
@@ -69,6 +80,12 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         run_dir = out / config.point_name
         console.rule(f"capacity search: {users} user{'s' if users > 1 else ''}")
         run_at(config, run_dir)
+        overloaded = overloaded_point(run_dir)
+        if overloaded is not None:
+            # NOTE: kept out of sweep.json: the search and its verdict stand on the points measured before it.
+            search.overloaded.append({"users": users, "dir": config.point_name, "why": overloaded})
+            console.print(f"{users} users: {overloaded}")
+            return None
         search.order.append(users)
         _write_index(out, search)
         point = _measure(run_dir, search.slo_attainment)
@@ -78,29 +95,36 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                           + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"))
         return point
 
-    users, last = 1, None
+    users, doubled = 1, []
     while True:
         point = run(users)
+        if point is None and _was_overloaded(search, users) and search.order:
+            last_rise = doubling_plateau(doubled)[0]
+            search.stopped = (f"users-{users} was {search.overloaded[-1]['why']}; the search stopped there and "
+                              f"judges the points before it")
+            break
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)
-        if last is not None and point.output_tokens_per_s < MIN_RISE * last.output_tokens_per_s:
-            search.stopped = (f"throughput rose less than {MIN_RISE:.2f}x from {last.users} to {users} users "
-                              f"({last.output_tokens_per_s:.1f} -> {point.output_tokens_per_s:.1f} tok/s)")
+        doubled.append((users, point.output_tokens_per_s))
+        last_rise, plateau = doubling_plateau(doubled)
+        if plateau is not None:
+            search.stopped = plateau
             break
         if point.slo_ok is False:
             search.stopped = f"the SLO was missed at {users} users"
             break
         if users * 2 > max_users:
-            search.stopped = f"reached --max-users {max_users} with throughput still rising"
+            search.stopped = f"reached --max-users {max_users}" + (
+                " with throughput still rising" if last_rise == users else "")
             break
-        last, users = point, users * 2
-    for users in refine_points(list(measured), last.users if last is not None else 1):
-        if run(users) is None:
+        users *= 2
+    for users in refine_points([*measured, *(o["users"] for o in search.overloaded)], last_rise):
+        if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
-    if _wants_tokens_experiment(out, search):
+    if not probed and _wants_tokens_experiment(out, search):
         capacity = _current(out, search).concurrency
         assert capacity is not None
         config = dataclasses.replace(base.at_point("users", capacity), token_scale=TOKENS_SCALE,
@@ -109,6 +133,27 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         run_at(config, out / TOKENS_DIR)
         search.tokens_dir, search.tokens_scale = TOKENS_DIR, TOKENS_SCALE
     return _save(out, search)
+
+
+def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
+    """Over the doubling points so far, ``(users, output tok/s)`` in the order run: the users of the
+    last point that rose, and why the doubling stops there (None while it goes on).
+
+    A point rises when its throughput is at least ``MIN_RISE`` times the last rise's per doubling
+    since it (the first point is one); the search stops after ``PLATEAU_POINTS`` points in a row that
+    did not.
+    """
+    (rise_users, rise_tps), misses = points[0], 0
+    for users, tps in points[1:]:
+        if tps >= MIN_RISE ** (misses + 1) * rise_tps:
+            rise_users, rise_tps, misses = users, tps, 0
+        else:
+            misses += 1
+    if misses < PLATEAU_POINTS:
+        return rise_users, None
+    after = ", ".join(f"{tps:.1f} at {users}" for users, tps in points[-misses:])
+    return rise_users, (f"throughput rose less than {MIN_RISE:.2f}x per doubling over {rise_tps:.1f} tok/s "
+                        f"({rise_users} users) on {misses} doublings in a row ({after})")
 
 
 def refine_points(measured: list[int], last_rise: int) -> list[int]:
@@ -126,6 +171,27 @@ def refine_points(measured: list[int], last_rise: int) -> list[int]:
     return out
 
 
+def overloaded_point(run_dir: Path) -> str | None:
+    """Why a point measured nothing because the server was overloaded, or None when it was not.
+
+    Overloaded: every request the point sent succeeded, but all were sent in the warm-up (closed-loop
+    users wait for their first answer) and none ended before the window closed: each took longer than
+    the whole point. Nothing failed, so the search is not broken; this load is past what it can judge.
+    """
+    from loadtests.client_table import load_client_requests
+
+    try:
+        rows = load_client_requests(run_dir)
+    except FileNotFoundError:
+        return None
+    if rows.empty or not rows["is_ok"].astype(bool).all() or not rows["is_warmup"].astype(bool).all():
+        return None
+    first = float(rows["send_time"].min())
+    return (f"overloaded: all {len(rows)} requests were sent in the warm-up, so none was measured; they ended "
+            f"{float(rows['end_time'].min()) - first:.0f}-{float(rows['end_time'].max()) - first:.0f} s after the "
+            f"first was sent, and all succeeded")
+
+
 def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     """The point's throughput (and whether its SLO held); None when it cannot be judged."""
     from reports.capacity import capacity_point
@@ -137,6 +203,20 @@ def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     point = capacity_point(data, measures)
     slo_ok = None if point.slo_attainment is None else point.slo_attainment["value"] >= slo_attainment
     return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok)
+
+
+def verdict_users(out: Path, search: CapacitySearch) -> int:
+    """The users of the point the verdict is read at (the first past the capacity, where its limit binds),
+    so that evidence timed after the load (the outside execution reference) is timed at that point's batch."""
+    capacity = _current(out, search)
+    for users in (capacity.past_knee_users, capacity.concurrency):
+        if users is not None and users in search.order:
+            return users
+    return max(search.order)
+
+
+def _was_overloaded(search: CapacitySearch, users: int) -> bool:
+    return any(o["users"] == users for o in search.overloaded)
 
 
 def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity

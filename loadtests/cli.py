@@ -32,12 +32,14 @@ from loadtests.traces import SAMPLES, read_trace, trace_path
 from loadtests.workloads import WORKLOADS, is_trace
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
-# a capacity search whose points are sized to finish in about 3 minutes on 2 CPU cores. ``users``,
+# a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
 # ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
                      "search_duration": 12.0, "search_warmup": 3.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
                  "search_duration": 20.0, "search_warmup": 5.0}
+# diagnose searches up to this many times the engine's seats (--max-num-seqs) unless --max-users says
+SEATS_MULTIPLE = 2
 # A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
 TRACE_TAIL_S = 1.0
 # Flags of `serve` that `diagnose` takes and hands to its server process, besides the engine flags.
@@ -60,8 +62,9 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
                    help=f"seconds of load first whose requests are recorded but left out of the statistics "
                         f"(default {defaults['warmup']:g}; a capacity search: {defaults['search_warmup']:g}; "
                         f"a trace: 0)")
-    g.add_argument("--max-users", type=int, default=DEFAULT_MAX_USERS,
-                   help="capacity search: the most users it may try (default %(default)s)")
+    g.add_argument("--max-users", type=int, default=None,
+                   help=f"capacity search: the most users it may try (default {DEFAULT_MAX_USERS}; diagnose: at most "
+                        f"{SEATS_MULTIPLE}x --max-num-seqs, past which extra users only wait in the engine's queue)")
     g.add_argument("--workload", default=defaults["workload"],
                    help=f"one of {', '.join(sorted(WORKLOADS))}, or trace:FILE to replay a Mooncake JSONL, "
                         f"BurstGPT CSV or Azure LLM inference CSV trace (bundled: {', '.join(SAMPLES)}) "
@@ -191,7 +194,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     out = _out_dir(args, "load")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     console = Console(stderr=True)
-    search = SearchOptions(args.max_users, args.model_bytes) if is_search(args) else None
+    search = SearchOptions(args.max_users or DEFAULT_MAX_USERS, args.model_bytes) if is_search(args) else None
     try:
         run_load(configs, out, args.target, console, sweep, args.tokenizer, args.served_model, api_key, search)
     except RunFailedError as exc:
@@ -217,7 +220,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             from loadtests.orchestrator import SearchOptions, run_diagnose_search
 
             run_diagnose_search(configs[0], out, serve_argv(args), args.model, console,
-                                SearchOptions(args.max_users))
+                                SearchOptions(diagnose_max_users(args)))
             return 0
         if args.ablate:
             if sweep is not None:
@@ -296,6 +299,14 @@ def register_diagnose(subparsers: Any) -> None:
                         "diagnose again; up to N rounds (default 1), stopping when no lever is predicted to gain 10%%; "
                         "each round in OUT/round-K")
     p.set_defaults(func=_cmd_diagnose)
+
+
+def diagnose_max_users(args: argparse.Namespace) -> int:
+    """The most users ``diagnose``'s search tries: ``--max-users``, else up to ``SEATS_MULTIPLE`` times the
+    engine's seats (past them extra users only queue, which the point at that many already shows)."""
+    if args.max_users is not None:
+        return int(args.max_users)
+    return min(DEFAULT_MAX_USERS, SEATS_MULTIPLE * int(args.max_num_seqs))
 
 
 def register(subparsers: Any) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from loadtests.capacity import search_capacity
+from loadtests.capacity import search_capacity, verdict_users
 from loadtests.client_table import merge_journals, take_worker_roster
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
@@ -168,7 +168,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
                 peaks = measure_peaks("auto")
         done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
                                model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
-        time_reference(out / f"users-{max(done.order)}", target, console, api_key,
+        time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
                        ignore_eos=configs[0].ignore_eos)
         return _finish(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
@@ -180,15 +180,18 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 
 
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
-    """After the load, for a target on this machine serving a model servescope knows: its decode step
-    against servescope's optimized path, in turns (``execution_reference.json``, the outside execution evidence)."""
-    from loadtests.execution_reference import http_target_step, measure_reference
+    """After the load, for a target on this machine serving weights servescope can load: its decode step
+    against ``servescope serve``'s on the same weights, in turns (``execution_reference.json``, the
+    outside execution evidence)."""
+    from loadtests.execution_reference import http_target_step, measure_served_reference, reference_weights
 
-    if not is_this_machine(target.url):
+    weights = reference_weights(target.model)
+    if not is_this_machine(target.url) or weights is None:
         return
     try:
-        with console.status("timing the target's decode step against servescope's optimized path"):
-            measure_reference(run_dir, target.model, http_target_step(target.url, target.model, api_key, ignore_eos))
+        with console.status(f"timing the target's decode step against servescope serve on {weights}"):
+            measure_served_reference(run_dir, weights, http_target_step(target.url, target.model, api_key, ignore_eos),
+                                     lambda url: http_target_step(url, weights))
     except Exception as exc:  # noqa: BLE001 - the run stands; the verdict says execution was not timed
         console.print(f"[yellow]note:[/] timing the target's decode step failed ({type(exc).__name__}: {exc}); "
                       f"execution is not judged from outside")
@@ -222,7 +225,7 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
                                    server_pid=server.pid))
 
             search_capacity(base, out, run_at, console, max_users=search.max_users,
-                            model_bytes=search.model_bytes, is_local=True)
+                            model_bytes=search.model_bytes, is_local=True, probed=True)
             with console.status("stopping the server, writing the probes"):
                 returncode = server.stop()
         if returncode != 0:

@@ -25,12 +25,17 @@ HEALTH_POLL_S = 0.25
 
 
 class ServerProcess:
-    """``python -m loadtests.probed_server`` writing the run into ``run_dir``; a context manager."""
+    """``python -m loadtests.probed_server`` writing the run into ``run_dir``; a context manager.
 
-    def __init__(self, run_dir: Path, serve_argv: list[str], host: str = "127.0.0.1") -> None:
+    With ``probed=False`` it is plain ``servescope serve`` (no probes, no peaks): ``run_dir`` then
+    only holds its log.
+    """
+
+    def __init__(self, run_dir: Path, serve_argv: list[str], host: str = "127.0.0.1", probed: bool = True) -> None:
         self.run_dir = run_dir
         self.serve_argv = list(serve_argv)  # serve's flags and probed_server's own, bar --run-dir/--port
         self.host = host
+        self.probed = probed
         self.port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -56,9 +61,9 @@ class ServerProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         port_file = self.run_dir / PORT_FILE_NAME
         port_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "loadtests.probed_server", "--run-dir", str(self.run_dir),
-                "--host", self.host, "--port", "0", "--port-file", str(port_file), "--log-level", "warning",
-                *self.serve_argv]
+        server = ["loadtests.probed_server", "--run-dir", str(self.run_dir)] if self.probed else ["engine.cli", "serve"]
+        argv = [sys.executable, "-m", *server, "--host", self.host, "--port", "0", "--port-file", str(port_file),
+                "--log-level", "warning", *self.serve_argv]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._process = spawn(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

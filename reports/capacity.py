@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 
 from probes.peaks import MachinePeaks
 from probes.run_dir import RunDirectory
@@ -32,7 +33,10 @@ from reports.summary import PointMeasures
 CAPACITY_NAME = "capacity.json"
 # Without a knee, the capacity is the lightest point within this share of the best throughput.
 PLATEAU_SHARE = 0.9
-# Throughput from 1 to 2 users growing less than this ratio: the server serves one request at a time.
+# The best throughput at more than 1 user over the throughput at 1 below this ratio: more users never
+# became more throughput, so the server serves one request at a time. (Not 1 to 2 users alone: a
+# batching server may gain nothing at 2 users and then scale, as transformers serve's continuous
+# batching did on this machine, 12.8 tok/s at 1 and 2 users, 37.8 at 8.)
 SERIAL_GAIN = 1.2
 # Past the knee, at least this share of the open requests decoding at once: nothing queues them.
 NO_QUEUE_SHARE = 0.8
@@ -54,6 +58,8 @@ class CapacitySearch:
     tokens_scale: float | None = None  # how many times the tokens per request it asked for
     model_bytes: int | None = None  # the served model's weight bytes, when given or known
     is_local: bool = False  # the target runs on this machine (its memory bandwidth is ours)
+    probed: bool = False  # the engine's probes watched the search (diagnose): they, not experiments, tell the limit
+    overloaded: list[dict[str, Any]] = field(default_factory=list)  # points that measured nothing: overloaded
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,9 +114,10 @@ class Capacity:
     points: list[CapacityPoint]
     stopped: str
     past_knee_users: int | None = None  # the point past the capacity where its limit binds
-    serial_gain: float | None = None  # throughput at 2 users / at 1
+    serial_gain: float | None = None  # the best throughput at more than 1 user / at 1
     queue_share_past_knee: float | None = None  # decoding streams / open requests past the knee
     tokens: TokensExperiment | None = None
+    probed: bool = False  # the engine's probes watched the search, so they tell the limit
     single_stream: dict[str, Any] | None = None  # TPOT at 1 user against weight bytes / bandwidth
     slo: dict[str, Any] = field(default_factory=dict)
 
@@ -159,11 +166,24 @@ def time_averaged(data: RunDataset, begin: str) -> float | None:
     return float(overlap.sum()) / float(duration)
 
 
+def _open_in_window(data: RunDataset) -> pd.DataFrame | None:
+    """The successful requests open at some time in the measured window, those that end in the drain
+    included: with long requests (the tokens experiment) none may end inside the window at all."""
+    client, start = data.client, data.window[0]
+    duration = data.load_config.get("duration_s")
+    if client is None or not math.isfinite(start) or not duration:
+        return None
+    ok = client[client["is_ok"].astype(bool)].dropna(subset=["send_time", "end_time"])
+    return ok[(ok["end_time"] > start) & (ok["send_time"] < start + float(duration))]
+
+
 def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
     c = measures.client
     tput = streamed_throughput(data)
     tput = tput if tput is not None else (c.output_throughput if c is not None else None)
-    ok = data.latencies[data.latencies["is_ok"].astype(bool)]
+    ok = _open_in_window(data)
+    if ok is None:
+        ok = data.latencies[data.latencies["is_ok"].astype(bool)]
     tokens = (ok["num_prompt_tokens"].fillna(0) + ok["num_output_tokens"].fillna(0)).mean() if len(ok) else None
     attainment = goodput = None
     if c is not None and c.goodput is not None and c.num_requests:
@@ -188,10 +208,10 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       output_tokens_per_s=chosen.output_tokens_per_s if chosen else None,
                       goodput=chosen.goodput if chosen else None, method=method, reason=reason, limit=None,
                       limit_evidence="", knee=knee, points=cps, stopped=search.stopped,
-                      slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {})
+                      slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {},
+                      probed=search.probed)
     by_users = {p.users: p for p in rated}
-    if 1 in by_users and 2 in by_users and by_users[1].output_tokens_per_s:
-        result.serial_gain = by_users[2].output_tokens_per_s / by_users[1].output_tokens_per_s  # type: ignore[operator]
+    result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
     if chosen is not None:
         past = next((p for p in cps if p.users > chosen.users), None)
         if past is not None:
@@ -202,6 +222,13 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     result.limit, result.limit_evidence = _limit(result)
     result.single_stream = single_stream(by_users.get(1), points, search, RunDirectory(root).read_peaks())
     return result
+
+
+def serial_gain(throughput_by_users: dict[int, float | None]) -> float | None:
+    """The best output throughput at more than 1 user over the throughput at 1 (None without both)."""
+    one = throughput_by_users.get(1)
+    more = [t for u, t in throughput_by_users.items() if u > 1 and t is not None]
+    return max(more) / one if one and more else None
 
 
 def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], knee: KneeFit, slo: dict[str, float],
@@ -249,8 +276,8 @@ def _tokens_experiment(root: Path, search: CapacitySearch, by_users: dict[int, C
 
 def _limit(c: Capacity) -> tuple[Limit | None, str]:
     if c.serial_gain is not None and c.serial_gain < SERIAL_GAIN:
-        return "serial", (f"throughput grew only {c.serial_gain:.2f}x from 1 to 2 users (under {SERIAL_GAIN}x): the "
-                          f"server serves one request at a time")
+        return "serial", (f"throughput grew at most {c.serial_gain:.2f}x from 1 user to any heavier point (under "
+                          f"{SERIAL_GAIN}x): the server serves one request at a time")
     if c.queue_share_past_knee is not None and c.queue_share_past_knee >= NO_QUEUE_SHARE:
         return "compute", (f"past the capacity, at {c.past_knee_users} users, {c.queue_share_past_knee:.0%} of the open "
                            f"requests were decoding at once: none queued, each got slower, so the work itself "
@@ -261,6 +288,9 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
                 if t.limit == "memory" else "the same number of requests kept decoding: a seat limit (max sequences)")
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
                          f"the decoding streams; {kind}")
+    if c.queue_share_past_knee is not None and c.probed:
+        return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
+                      f"queue; the engine's probes say why (the verdict, read at {c.past_knee_users} users)")
     if c.queue_share_past_knee is not None:
         return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
                       f"queue, but no tokens experiment says whether for seats or memory")

@@ -20,13 +20,14 @@ class CapacitySerial(Rule):
     bottleneck = "batching"
     threshold = SERIAL_GAIN
     comparison = "<="
-    why = "a server that batches serves two users nearly twice as fast as one; one that does not stays flat"
+    why = ("a server that batches serves several users faster than one; one that does not stays flat however many "
+           "users the search tried")
 
     def value(self, facts: Facts) -> float | None:
         return facts.capacity.serial_gain if facts.capacity is not None else None
 
     def describe(self, facts: Facts, value: float | None) -> str:
-        return f"output throughput grew {num(value)}x from 1 to 2 users"
+        return f"output throughput grew at most {num(value)}x from 1 user to any heavier point"
 
 
 class _TokensRule(Rule):
@@ -86,7 +87,8 @@ def capacity_lever(deciding: list[Evidence], facts: Facts) -> tuple[str, str] | 
     at = f"{c.concurrency} users" if c.concurrency is not None else "its capacity"
     if "capacity_serial" in names:
         return ("serve requests concurrently: continuous batching, or more parallel slots",
-                f"the server does not batch: a second user adds {pct((c.serial_gain or 1) - 1)} throughput")
+                f"the server does not batch: no number of users added more than {pct((c.serial_gain or 1) - 1)} "
+                f"throughput over one")
     if "capacity_memory" in names:
         return ("give the KV cache more memory, or quantize the KV cache, so more requests fit at once",
                 f"at {at}, longer requests cut the streams decoding at once in proportion: memory holds them")

@@ -27,8 +27,12 @@ def headline(capacity: dict[str, Any]) -> list[str]:
         goodput = f", goodput {good:.3g} good requests/s" if good is not None else ""
         first = f"Capacity: {n} concurrent users, {tput:.4g} output tokens/s{goodput} ({capacity['reason']})"
     limit = capacity["limit"]
-    second = (f"What limits it: {limit} ({LIMIT_BOTTLENECK[limit]}): {capacity['limit_evidence']}" if limit
-              else f"What limits it: not determined from the outside: {capacity['limit_evidence']}")
+    if limit:
+        second = f"What limits it: {limit} ({LIMIT_BOTTLENECK[limit]}): {capacity['limit_evidence']}"
+    elif capacity.get("probed"):
+        second = f"What limits it: {capacity['limit_evidence']}"
+    else:
+        second = f"What limits it: not determined from the outside: {capacity['limit_evidence']}"
     lines = [first, second]
     single = capacity.get("single_stream")
     if single is not None and single.get("mbu") is not None:

@@ -5,9 +5,9 @@ and preemption counter tell the two apart, and a sweep shows whether more users 
 throughput. A queue gauge is read between steps, so a request that arrived during a step shows as
 waiting until the next one admits it: a queue counts only when it is sustained (in many scrapes)
 and deep (a real share of the requests at the server). Execution has no step timer from outside;
-it is told from the server's time per output token against servescope's own optimized path,
-timed in turns on the same model and batch on this machine (``execution_reference.json``), when
-the model is known.
+it is told from the server's time per output token against ``servescope serve``'s on the same
+weights and batch, timed in turns by the same client on this machine (``execution_reference.json``),
+when servescope can load the served weights.
 """
 
 from __future__ import annotations
@@ -219,10 +219,11 @@ class SlowerThanOptimized(Rule):
     bottleneck = "execution"
     threshold = PATH_SHARE
     why = ("Time per output token is the server's decode step as its clients feel it. After the load, the server "
-           "(streams of the batch the client saw decoding) and servescope's optimized path on the same model were "
-           "timed in turns on this machine, so a busy machine slows both alike: when the optimized path needs at "
-           "least 30% less time per step, the server's execution (its kernels, its host work between them) holds "
-           "each step back. Unknown when the model is not one servescope can build or the target runs elsewhere.")
+           "and `servescope serve` (its optimized path) on the same weights were timed in turns by the same client "
+           "on this machine, at the batch the client saw decoding, so both carry the same HTTP and streaming work "
+           "and a busy machine slows both alike: when servescope's step takes at least 30% less time, the server's "
+           "execution (its kernels, its host work per step and per token) holds each step back. Unknown when "
+           "servescope cannot load the served weights or the target runs elsewhere.")
 
     def value(self, facts: Facts) -> float | None:
         ref = facts.execution_reference
@@ -236,5 +237,5 @@ class SlowerThanOptimized(Rule):
             return "no reference: the served model or the target's machine is not one servescope can time"
         return (f"the server's decode step took {ref.step_s[TARGET] * 1000:.2f} ms (time per token after the first, "
                 f"{ref.batch} streams of {ref.context} tokens) and servescope's optimized path "
-                f"{ref.optimized_s * 1000:.2f} ms on {ref.model}, timed in turns after the load: it would remove "
+                f"{ref.optimized_s * 1000:.2f} ms on {ref.model} ({ref.method}): it would remove "
                 f"{pct(value)} of the step")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from loadtests.capacity import refine_points
+from loadtests.capacity import doubling_plateau, refine_points
 from loadtests.cli import main
 from loadtests.server_process import ServerProcess
 from tests.loadtests.test_diagnose import check_nothing_lost
@@ -21,7 +21,7 @@ SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "4", "
 
 
 def test_no_users_rate_or_sweep_means_a_search() -> None:
-    from loadtests.cli import DIAGNOSE_DEFAULTS, configs_from_args, is_search, register
+    from loadtests.cli import DIAGNOSE_DEFAULTS, configs_from_args, diagnose_max_users, is_search, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -33,9 +33,31 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     configs, sweep = configs_from_args(parse(), DIAGNOSE_DEFAULTS)
     assert sweep is None and configs[0].users == 1
     assert configs[0].duration_s == DIAGNOSE_DEFAULTS["search_duration"]
+    # Past twice the engine's seats extra users only queue: diagnose searches no further unless told.
+    assert diagnose_max_users(parse()) == 32 and diagnose_max_users(parse("--max-num-seqs", "4")) == 8
+    assert diagnose_max_users(parse("--max-num-seqs", "4", "--max-users", "12")) == 12
     for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"], ["--retest"],
                      ["--workload", "trace:sample-mooncake"]):
         assert not is_search(parse(*explicit)), explicit
+
+
+def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
+    # The main job's points on smollm2-135m: 4 users gained 1.14x over 2, then 8 users 1.9x over 4.
+    assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6)]) == (2, None)
+    assert doubling_plateau([(1, 16.0), (2, 28.6), (4, 32.6), (8, 61.5)]) == (8, None)
+    # Two doublings in a row without a 1.15x rise over the last rise (16 users) end it there.
+    last_rise, why = doubling_plateau([(1, 16.3), (2, 28.9), (4, 35.5), (8, 61.5), (16, 79.1), (32, 80.5),
+                                       (64, 80.0)])
+    assert last_rise == 16 and why is not None and "79.1" in why and "2 doublings" in why
+    # Nor does one that falls: the main job's 4-user point read 26.9 tok/s after 27.5 at 2 users, then 8 users rose.
+    assert doubling_plateau([(1, 15.9), (2, 27.5), (4, 26.9)]) == (2, None)
+    # Past a seat limit of 4 (dummy:tiny, 50 ms a step): 8 and 16 users crept 1.14x and 1.17x over 4 users,
+    # under the 1.15x per doubling (1.32x over two) a rise needs.
+    assert doubling_plateau([(1, 16.0), (2, 32.7), (4, 64.0), (8, 72.8), (16, 75.1)])[0] == 4
+    # A rise is measured against the last rise, not the point before: 30 -> 33 -> 34 is no rise over 30.
+    assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[0] == 2
+    assert doubling_plateau([(1, 10.0), (2, 30.0), (4, 33.0), (8, 34.0)])[1] is not None
+    assert doubling_plateau([(1, 10.0)]) == (1, None)
 
 
 def test_refining_adds_the_midpoints_on_both_sides_of_the_last_rise() -> None:
@@ -86,3 +108,32 @@ def test_the_tokens_experiment_tells_seats_from_memory(tmp_path) -> None:
     assert seats["tokens"]["token_ratio"] > 2 and memory["tokens"]["token_ratio"] > 2
     assert seats["limit"] == "seats", seats["limit_evidence"]
     assert memory["limit"] == "memory", memory["limit_evidence"]
+
+
+def _point(tmp_path, name: str, rows: list[tuple[bool, float, int]]):
+    """A point directory whose client table holds ``(is_warmup, end_time, status_code)`` rows, sent at 0..n-1."""
+    from loadtests.client_table import records_table
+    from loadtests.records import ClientRecord
+    from probes.run_dir import CLIENT_TABLE, RunDirectory
+
+    records = [ClientRecord(worker="w0", seq=i, plan_index=i, group="", is_warmup=warm, send_time=float(i),
+                            first_token_time=float(i) + 1.0, end_time=end, status_code=code,
+                            finish_reason="length" if code == 200 else None, num_output_tokens=32)
+               for i, (warm, end, code) in enumerate(rows)]
+    directory = RunDirectory(tmp_path / name)
+    directory.path.mkdir(parents=True)
+    directory.write_table(CLIENT_TABLE, records_table(records))
+    return directory.path
+
+
+def test_a_point_whose_every_request_outlasts_it_is_overloaded_not_broken(tmp_path) -> None:
+    from loadtests.capacity import overloaded_point
+
+    # transformers serve --continuous-batching at 32 users: the 32 first requests took 28-42 s, past the 25 s point.
+    slow = _point(tmp_path, "slow", [(True, 28.0 + i * 0.4, 200) for i in range(32)])
+    why = overloaded_point(slow)
+    assert why is not None and "all 32 requests were sent in the warm-up" in why and "all succeeded" in why
+    # A failure, or any request measured after the warm-up, is not that: the ordinary health rules judge it.
+    assert overloaded_point(_point(tmp_path, "failed", [(True, 28.0, 200), (True, 29.0, 503)])) is None
+    assert overloaded_point(_point(tmp_path, "measured", [(True, 3.0, 200), (False, 9.0, 200)])) is None
+    assert overloaded_point(tmp_path / "never-ran") is None

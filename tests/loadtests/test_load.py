@@ -137,13 +137,33 @@ def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: Ser
     assert diagnosis["metrics"]["points"][1]["concurrency"] == 3
     html = (out / "report.html").read_text()
     assert "users-1" in html and "users-3" in html
-    # After the load, the target (on this machine, a model servescope builds) and the optimized path, in turns.
+    # After the load, the target (on this machine, weights servescope loads) and `servescope serve` on the same
+    # weights, in turns, by the same client.
     reference = diagnosis["metrics"]["execution_reference"]
     assert (out / "users-3" / "execution_reference.json").is_file()
     assert not (out / "users-1" / "execution_reference.json").exists()  # timed at the heaviest point only
     assert reference["model"] == "dummy:tiny" and set(reference["step_s"]) == {"optimized", "target"}
-    assert reference["step_s"]["target"] > 0 and reference["batch"] >= 1
-    assert any(e["name"] == "slower_than_optimized" and e["value"] is not None for e in diagnosis["evidence"])
+    assert reference["step_s"]["target"] > 0 and reference["batch"] >= 1 and "HTTP" in reference["method"]
+    # The target is servescope serve itself: the same serving work on both sides, so no execution lever.
+    outside = next(e for e in diagnosis["evidence"] if e["name"] == "slower_than_optimized")
+    assert outside["value"] is not None and outside["passed"] is False, outside
+
+
+@pytest.mark.slow
+def test_a_target_with_host_work_per_step_is_slower_than_servescope_serve(tmp_path) -> None:
+    # The same engine with 40 ms of host work burnt per step: servescope serve on the same weights, timed in turns
+    # by the same client, takes most of that away, which reads as execution from outside.
+    server = ServerProcess(tmp_path / "server", ["--model", "dummy:tiny", "--host-overhead-ms", "40"], probed=False)
+    out = tmp_path / "run"
+    with server:
+        server.wait_healthy(120.0)
+        assert main(["load", "--target", server.url, "--users", "2", "--duration", "3", "--warmup", "1", *FAST_LOAD,
+                     "--out", str(out)]) == 0
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    reference = diagnosis["metrics"]["execution_reference"]["step_s"]
+    assert reference["target"] > 0.04 > reference["optimized"]
+    outside = next(e for e in diagnosis["evidence"] if e["name"] == "slower_than_optimized")
+    assert outside["passed"] is True and outside["value"] > 0.5, outside
 
 
 def test_an_unreachable_target_is_a_clear_error(tmp_path, capsys) -> None:

@@ -78,3 +78,13 @@ def test_wilson_interval_refuses_impossible_counts() -> None:
         wilson_interval(5, 3)
     with pytest.raises(ValueError, match="trials"):
         wilson_interval(0, 0)
+
+
+def test_a_server_is_serial_only_when_no_number_of_users_adds_throughput() -> None:
+    from reports.capacity import SERIAL_GAIN, serial_gain
+
+    # transformers serve --continuous-batching on the 2-core box: flat from 1 to 2 users, then it batches.
+    assert serial_gain({1: 12.8, 2: 12.8, 4: 20.4, 8: 37.8, 16: 33.0}) > SERIAL_GAIN
+    # transformers serve without it: one request at a time, however many users.
+    assert serial_gain({1: 12.8, 2: 15.2, 4: 13.1, 3: 13.7}) < SERIAL_GAIN
+    assert serial_gain({1: 12.8}) is None and serial_gain({2: 5.0, 4: 6.0}) is None
