@@ -19,6 +19,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.server.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, QueueFullError
 from engine.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from engine.server.engine_thread import EngineThread
 from engine.server.errors import APIError, bad_request, install_error_handlers
 from engine.server.inputs import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -58,10 +59,14 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> FastAPI:
-    """An app serving ``engine``; the engine thread starts and stops with the app's lifespan."""
+def build_app(engine: ServingEngine, settings: ServerSettings | None = None,
+              engine_thread: EngineThread | None = None) -> FastAPI:
+    """An app serving ``engine``; the engine thread starts and stops with the app's lifespan.
+
+    ``engine_thread``: the thread that built ``engine``, which then steps it too.
+    """
     settings = settings or ServerSettings()
-    async_engine = AsyncEngine(engine, settings.max_waiting)
+    async_engine = AsyncEngine(engine, settings.max_waiting, engine_thread)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

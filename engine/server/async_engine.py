@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from engine.outputs import EngineStats
 from engine.sampling_params import SamplingParams
+from engine.server.engine_thread import EngineThread
 from engine.server.metrics import RequestTimer, ServerMetrics
 from engine.server.request_stream import (
     EngineUnavailableError,
@@ -73,10 +74,13 @@ class AsyncEngine:
     """The server's view of an engine: ``await generate(...)`` gives a stream of outputs.
 
     ``max_waiting`` bounds requests admitted but not yet running (queued here or waiting in the
-    engine); past it :meth:`generate` raises :class:`QueueFullError`.
+    engine); past it :meth:`generate` raises :class:`QueueFullError`. Pass the ``engine_thread``
+    that built the engine so that it also steps it (see :mod:`engine.server.engine_thread`);
+    without one, a new thread steps it.
     """
 
-    def __init__(self, engine: ServingEngine, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
+    def __init__(self, engine: ServingEngine, max_waiting: int = DEFAULT_MAX_WAITING,
+                 engine_thread: EngineThread | None = None) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         self.engine = engine
@@ -92,6 +96,7 @@ class AsyncEngine:
         self._streams: dict[str, _Tracked] = {}
         self._has_work = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine_thread = engine_thread
         self._thread: threading.Thread | None = None
 
     # -- lifecycle (event loop) -------------------------------------------------------------------
@@ -100,6 +105,9 @@ class AsyncEngine:
         if self._thread is not None:
             raise RuntimeError("the engine thread is already started")
         self._loop = asyncio.get_running_loop()
+        if self._engine_thread is not None:
+            self._thread = self._engine_thread.run_loop(self._run)
+            return
         self._thread = threading.Thread(target=self._run, name="servescope-engine", daemon=True)
         self._thread.start()
 

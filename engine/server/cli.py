@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineConfig
 from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
+from engine.server.engine_thread import EngineThread
 from engine.server.serving_engine import ServingEngine
 
 if TYPE_CHECKING:
@@ -110,22 +111,29 @@ def run_serve(args: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
         print(f"servescope: warning: serving on {args.host} without --api-key; anyone who can reach it can use it",
               file=sys.stderr)
     config = engine_config_from_args(args)
-    if hooks.before_engine is not None:
-        hooks.before_engine(config)
-    loaded = None
-    if hooks.before_serving is not None and args.engine == "continuous":
-        from engine.weights import load_model
 
-        loaded = load_model(config.model, config.torch_dtype, config.seed)
-    engine = build_engine(args.engine, config, loaded)
-    if hooks.before_serving is not None:
-        hooks.before_serving(engine, loaded)
-    # NOTE: the engine copied the weights; the hook's reference is dropped so they can be freed.
-    del loaded
+    def build() -> ServingEngine:
+        if hooks.before_engine is not None:
+            hooks.before_engine(config)
+        loaded = None
+        if hooks.before_serving is not None and args.engine == "continuous":
+            from engine.weights import load_model
+
+            loaded = load_model(config.model, config.torch_dtype, config.seed)
+        engine = build_engine(args.engine, config, loaded)
+        if hooks.before_serving is not None:
+            hooks.before_serving(engine, loaded)
+        return engine
+
+    # NOTE: everything that runs the model before serving (the peaks, the weights, the engine, the step
+    # calibration) runs on the thread that will step it: one OpenMP pool (see engine_thread). The
+    # engine copied the weights, so the hook's reference to them ends with ``build``.
+    engine_thread = EngineThread()
+    engine = engine_thread.call(build)
     settings = ServerSettings(api_key=api_key, max_waiting=args.max_waiting)
     if args.max_body_bytes is not None:
         settings = dataclasses.replace(settings, max_body_bytes=args.max_body_bytes)
-    app = build_app(engine, settings)
+    app = build_app(engine, settings, engine_thread)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            lifespan="on", timeout_graceful_shutdown=args.shutdown_timeout))
     sockets = None
