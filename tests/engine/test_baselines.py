@@ -27,16 +27,22 @@ class StepRecorder:
         pass
 
 
-def run_all(engine, params_list) -> list[list[int]]:
-    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params_list, strict=True)]
+def drain(engine, max_steps: int = 10_000) -> dict:
+    """Step ``engine`` until nothing is unfinished (at most ``max_steps``); its finished outputs by request id."""
     finished = {}
-    for _ in range(10_000):
+    for _ in range(max_steps):
         if not engine.has_unfinished():
             break
         for out in engine.step():
             if out.finished:
-                finished[out.request_id] = out.token_ids
-    return [finished[i] for i in ids]
+                finished[out.request_id] = out
+    return finished
+
+
+def run_all(engine, params_list) -> list[list[int]]:
+    ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params_list, strict=True)]
+    finished = drain(engine)
+    return [finished[i].token_ids for i in ids]
 
 
 @pytest.mark.parametrize("engine_cls", [NaiveEngine, StaticBatchEngine, HFContinuousBatchingEngine])
@@ -48,12 +54,8 @@ def test_greedy_matches_the_engine(tiny, engine_cls) -> None:
 
 def _logprobs(engine, params: SamplingParams) -> list[list[float]]:
     ids = [engine.add_request(p, params) for p in PROMPTS]
-    finished = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = [lp.logprob for lp in out.logprobs]
-    return [finished[i] for i in ids]
+    finished = drain(engine)
+    return [[lp.logprob for lp in finished[i].logprobs] for i in ids]
 
 
 def test_static_batch_reports_the_engines_logprobs(tiny) -> None:
@@ -95,12 +97,7 @@ def test_abort_in_a_static_batch(tiny) -> None:
     queued = engine.add_request([7, 8], SamplingParams(max_tokens=6, ignore_eos=True))
     engine.step()
     assert engine.abort(drop) and not engine.abort(drop)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    assert set(done) == {keep, queued}
+    assert set(drain(engine)) == {keep, queued}
     assert engine.stats().num_running == 0
 
 
@@ -143,12 +140,7 @@ def test_hf_cb_stops_on_the_engines_rules_and_frees_hf_state(tiny) -> None:
     drop = engine.add_request([4, 5, 6], SamplingParams(max_tokens=6, ignore_eos=True))
     engine.step()
     assert engine.abort(drop) and not engine.abort(drop)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    assert set(done) == {keep}
+    assert set(drain(engine)) == {keep}
     engine.step()  # HF applies the cancellations queued by the stop and the abort before it schedules
     assert engine.processor.scheduler.active_requests == {} == engine.processor.scheduler.waiting_requests
     assert engine.stats().num_running == 0
