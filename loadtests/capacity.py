@@ -27,6 +27,7 @@ from reports.capacity import (
     SERIAL_GAIN,
     CapacitySearch,
     capacity_result,
+    focus_users,
 )
 from reports.dataset import RunDataset
 from reports.health import run_health
@@ -208,11 +209,7 @@ def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
 def verdict_users(out: Path, search: CapacitySearch) -> int:
     """The users of the point the verdict is read at (the first past the capacity, where its limit binds),
     so that evidence timed after the load (the outside execution reference) is timed at that point's batch."""
-    capacity = _current(out, search)
-    for users in (capacity.past_knee_users, capacity.concurrency):
-        if users is not None and users in search.order:
-            return users
-    return max(search.order)
+    return focus_users(_current(out, search), sorted(search.order))
 
 
 def _was_overloaded(search: CapacitySearch, users: int) -> bool:

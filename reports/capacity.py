@@ -156,25 +156,32 @@ def streamed_throughput(data: RunDataset) -> float | None:
 def time_averaged(data: RunDataset, begin: str) -> float | None:
     """Mean number of successful requests between their ``begin`` time and their end over the measured
     window (``send_time``: open; ``first_token_time``: decoding), counting requests sent in the warm-up too."""
+    window = _ok_requests_and_window(data, begin)
+    if window is None:
+        return None
+    ok, start, end = window
+    overlap = (np.minimum(ok["end_time"], end) - np.maximum(ok[begin], start)).clip(lower=0.0)
+    return float(overlap.sum()) / (end - start)
+
+
+def _ok_requests_and_window(data: RunDataset, begin: str) -> tuple[pd.DataFrame, float, float] | None:
+    """The successful client requests with a ``begin`` and an end time (warm-up ones too), and the
+    measured window's start and end; None without a client table or a window."""
     client, start = data.client, data.window[0]
     duration = data.load_config.get("duration_s")
     if client is None or not math.isfinite(start) or not duration:
         return None
-    ok = client[client["is_ok"].astype(bool)].dropna(subset=[begin, "end_time"])
-    end = start + float(duration)
-    overlap = (np.minimum(ok["end_time"], end) - np.maximum(ok[begin], start)).clip(lower=0.0)
-    return float(overlap.sum()) / float(duration)
+    return client[client["is_ok"].astype(bool)].dropna(subset=[begin, "end_time"]), start, start + float(duration)
 
 
 def _open_in_window(data: RunDataset) -> pd.DataFrame | None:
     """The successful requests open at some time in the measured window, those that end in the drain
     included: with long requests (the tokens experiment) none may end inside the window at all."""
-    client, start = data.client, data.window[0]
-    duration = data.load_config.get("duration_s")
-    if client is None or not math.isfinite(start) or not duration:
+    window = _ok_requests_and_window(data, "send_time")
+    if window is None:
         return None
-    ok = client[client["is_ok"].astype(bool)].dropna(subset=["send_time", "end_time"])
-    return ok[(ok["end_time"] > start) & (ok["send_time"] < start + float(duration))]
+    ok, start, end = window
+    return ok[(ok["end_time"] > start) & (ok["send_time"] < end)]
 
 
 def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
@@ -332,7 +339,13 @@ def capacity_focus(capacity: Capacity, measures: list[PointMeasures]) -> int:
     """Index of the point the verdict is read at: the first one past the capacity, where its limit binds
     (at the capacity itself it only starts to), else the capacity point, else the heaviest."""
     users = [int(m.concurrency or 0) for m in measures]
+    return users.index(focus_users(capacity, users))
+
+
+def focus_users(capacity: Capacity, users: list[int]) -> int:
+    """Of the measured ``users`` (in order of users), the point the verdict is read at: the first one past
+    the capacity, else the capacity point, else the heaviest."""
     for wanted in (capacity.past_knee_users, capacity.concurrency):
         if wanted is not None and wanted in users:
-            return users.index(wanted)
-    return len(measures) - 1
+            return wanted
+    return users[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reports.capacity_rules import capacity_lever
 from reports.evidence import Bottleneck, Evidence, Facts, num, pct
-from reports.external_rules import QUEUE_DEPTH
+from reports.external_rules import QUEUE_DEPTH, ServerQueueDepth
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
 from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
 
@@ -76,8 +76,7 @@ def _outside_none_summary(facts: Facts) -> str:
     if p.waiting_share < QUEUE_SHARE:
         return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), under the "
                 f"{pct(QUEUE_SHARE)} that marks a sustained queue, and no lever binds")
-    open_requests = (p.mean_waiting or 0.0) + (p.mean_running or 0.0)
-    depth = (p.mean_waiting or 0.0) / open_requests if open_requests > 0 else 0.0
+    depth = ServerQueueDepth().value(facts)
     return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), but only {pct(depth)} of "
             f"the requests at the server on average, under the {pct(QUEUE_DEPTH)} that marks a limit: a queue "
             f"for the next step, not a limit; no lever binds")
