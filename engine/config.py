@@ -12,7 +12,7 @@ import torch
 from engine.model.config import LlamaConfig
 
 ExecutionMode = Literal["eager", "optimized"]
-AttentionBackendName = Literal["auto", "torch", "triton"]
+AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
 KVLayout = Literal["paged", "contiguous"]
 WeightsForm = Literal["dense", "int8", "int4"]
 
@@ -66,7 +66,8 @@ class EngineConfig:
                                           "fast with --dtype bfloat16")
     device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     attention_backend: AttentionBackendName = _flag("auto", "kernels for attention, KV store, RMSNorm and SiLU: "
-                                                            "auto is Triton on GPU when optimized, else torch")
+                                                            "auto is Triton on GPU and the C decode-attention "
+                                                            "kernel (cpu) on CPU when optimized, else torch")
     num_threads: int | None = _flag(None, "torch intra-op threads (default: torch's own)")
     host_overhead_ms: float = _flag(0.0, "calibration knob: burn this many ms of host time in every engine step")
 
@@ -89,8 +90,9 @@ class EngineConfig:
             raise ValueError(f"weights must be 'dense', 'int8' or 'int4', got {self.weights!r}")
         if self.execution not in ("eager", "optimized"):
             raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch', 'cpu' or 'triton', "
+                             f"got {self.attention_backend!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.host_overhead_ms < 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -94,11 +94,13 @@ class ModelRunner:
     def _model_ops(self) -> ModelOps:
         """Triton kernels (attention, KV store, norms, SiLU) on the optimized GPU path or when asked; else torch."""
         name = self.config.attention_backend
+        optimized = self.config.execution == "optimized"
         if name == "auto":
-            use_triton = self.device.type == "cuda" and self.config.execution == "optimized"
-            name = "triton" if use_triton else "torch"
+            name = "torch" if not optimized else "triton" if self.device.type == "cuda" else "cpu"
         if name == "torch":
             return TORCH_OPS
+        if name == "cpu":
+            return self._cpu_ops(required=self.config.attention_backend == "cpu")
         # Imported only here: Triton decides compiled vs interpreted when the kernels are defined.
         from engine.kernels import triton_available
 
@@ -106,6 +108,22 @@ class ModelRunner:
         if not available:
             raise ValueError(f"attention_backend='triton' cannot run here: {reason}")
         return triton_ops()
+
+    def _cpu_ops(self, required: bool) -> ModelOps:
+        """The C decode-attention kernel (built here at first use); torch's ops where it cannot run."""
+        from engine.cpu_kernels import cpu_kernels
+        from engine.cpu_kernels.backend import CpuAttentionBackend
+
+        kernels, reason = cpu_kernels()
+        problem = (f"the model runs on {self.device}" if self.device.type != "cpu"
+                   else f"dtype {self.config.dtype} (the kernel has float32 and bfloat16)"
+                   if self.config.dtype not in ("float32", "bfloat16") else None if kernels else reason)
+        if problem is None:
+            return replace(TORCH_OPS, name="cpu", attention=CpuAttentionBackend(kernels))  # type: ignore[arg-type]
+        if required:
+            raise ValueError(f"attention_backend='cpu' cannot run here: {problem}")
+        logger.warning("the optimized path keeps torch's decode attention: %s", problem)
+        return TORCH_OPS
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         mc = self.model_config
