@@ -8,13 +8,19 @@
  *   block table  [B, table_stride] int64, seq_lens [B] int64 (context length including the new token)
  * Sums run in float32 whatever the storage type, and each intermediate the torch path stores in the
  * storage type (scores, softmax weights, output) is rounded to it here too, so both paths give the same
- * tokens; the softmax runs in float32. Query head h reads KV head h / (H / KVH), as HF's repeat_kv. Work is split over (sequence, KV head) pairs
- * on the OpenMP team of the calling thread (torch's, when torch loaded libgomp first).
+ * tokens; the softmax runs in float32. Query head h reads KV head h / (H / KVH), as HF's repeat_kv.
+ *
+ * Work is split into chunks of whole blocks (every KV head of a token row at once, so reads run along
+ * contiguous memory), several per sequence so one long sequence still uses every thread. Four passes
+ * on the calling thread's OpenMP team (torch's, when torch loaded libgomp first): scores per chunk;
+ * softmax per (sequence, head); weighted values per chunk; the chunks' sums per (sequence, head).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define CHUNK_BLOCKS 4
 
 static inline float bf16_load(uint16_t x) {
     union { uint32_t u; float f; } v;
@@ -36,67 +42,85 @@ static inline float f32_store(float x) { return x; }
 static inline float f32_round(float x) { return x; }
 static inline float bf16_round(float x) { return bf16_load(bf16_store(x)); }
 
-/* One (sequence, KV head) pair: its G query heads against its context. `scores` holds G * len floats. */
-#define DEFINE_PAIR(SUFFIX, T, LOAD, STORE, ROUND)                                                               \
-static void pair_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *table, int64_t len,         \
-                          T *out, int64_t G, int64_t KVH, int64_t D, int64_t bs, int64_t kh, float scale,     \
-                          float *qf, float *acc, float *scores) {                                          \
-    const int64_t tok_stride = KVH * D, block_stride = bs * KVH * D;                                       \
-    for (int64_t g = 0; g < G; g++)                                                                        \
-        for (int64_t d = 0; d < D; d++) qf[g * D + d] = LOAD(q[(kh * G + g) * D + d]);                     \
-    for (int64_t t = 0; t < len; t++) {                                                                    \
-        const T *k = kc + table[t / bs] * block_stride + (t % bs) * tok_stride + kh * D;                   \
-        for (int64_t g = 0; g < G; g++) {                                                                  \
-            const float *qg = qf + g * D;                                                                  \
-            float s = 0.0f;                                                                                \
-            for (int64_t d = 0; d < D; d++) s += qg[d] * LOAD(k[d]);                                       \
-            scores[g * len + t] = ROUND(s) * scale;                                                        \
-        }                                                                                                  \
-    }                                                                                                      \
-    for (int64_t g = 0; g < G; g++) {                                                                      \
-        float *sg = scores + g * len, m = sg[0], sum = 0.0f;                                               \
-        for (int64_t t = 1; t < len; t++) m = sg[t] > m ? sg[t] : m;                                        \
-        for (int64_t t = 0; t < len; t++) { sg[t] = expf(sg[t] - m); sum += sg[t]; }                        \
-        for (int64_t t = 0; t < len; t++) sg[t] = ROUND(sg[t] / sum);                                      \
-    }                                                                                                      \
-    memset(acc, 0, (size_t)(G * D) * sizeof(float));                                                       \
-    for (int64_t t = 0; t < len; t++) {                                                                    \
-        const T *v = vc + table[t / bs] * block_stride + (t % bs) * tok_stride + kh * D;                   \
-        for (int64_t g = 0; g < G; g++) {                                                                  \
-            const float w = scores[g * len + t];                                                           \
-            float *ag = acc + g * D;                                                                       \
-            for (int64_t d = 0; d < D; d++) ag[d] += w * LOAD(v[d]);                                       \
-        }                                                                                                  \
-    }                                                                                                      \
-    for (int64_t g = 0; g < G; g++)                                                                        \
-        for (int64_t d = 0; d < D; d++) out[(kh * G + g) * D + d] = STORE(acc[g * D + d]);                 \
-}                                                                                                          \
-                                                                                                           \
+#define DEFINE_KERNEL(SUFFIX, T, LOAD, STORE, ROUND)                                                        \
 int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t table_stride, \
                           const int64_t *seq_lens, T *out, int64_t B, int64_t H, int64_t KVH, int64_t D,    \
                           int64_t bs, float scale, int num_threads) {                                      \
-    const int64_t G = H / KVH;                                                                             \
-    int64_t max_len = 0;                                                                                   \
-    for (int64_t b = 0; b < B; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;               \
-    int failed = 0;                                                                                        \
+    const int64_t G = H / KVH, row = KVH * D, block_stride = bs * KVH * D, chunk = CHUNK_BLOCKS * bs;      \
+    int64_t max_len = 0, num_items = 0;                                                                    \
+    for (int64_t b = 0; b < B; b++) {                                                                      \
+        max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;                                           \
+        num_items += (seq_lens[b] + chunk - 1) / chunk;                                                    \
+    }                                                                                                      \
+    const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
+    /* item i covers sequence item_seq[i], tokens [item_chunk[i] * chunk, + chunk) */                       \
+    int64_t *items = malloc(sizeof(int64_t) * (size_t)(2 * num_items));                                    \
+    float *scores = malloc(sizeof(float) * (size_t)(B * H * max_len));                                    \
+    float *partial = malloc(sizeof(float) * (size_t)(B * max_chunks * H * D));                             \
+    if (!items || !scores || !partial) { free(items); free(scores); free(partial); return -1; }            \
+    int64_t n = 0;                                                                                         \
+    for (int64_t b = 0; b < B; b++)                                                                        \
+        for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; }  \
     _Pragma("omp parallel num_threads(num_threads)")                                                       \
     {                                                                                                      \
-        float *buf = malloc(sizeof(float) * (size_t)(2 * G * D + G * max_len));                            \
-        if (!buf) {                                                                                        \
-            _Pragma("omp atomic write")                                                                    \
-            failed = 1;                                                                                    \
+        float qf[H * D];                                                                                   \
+        _Pragma("omp for schedule(dynamic, 1)")                                                            \
+        for (int64_t i = 0; i < num_items; i++) {                                                          \
+            const int64_t b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];                       \
+            const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
+            for (int64_t j = 0; j < H * D; j++) qf[j] = LOAD(q[b * H * D + j]);                            \
+            float *sb = scores + b * H * max_len;                                                          \
+            for (int64_t t = t0; t < t1; t++) {                                                            \
+                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (t % bs) * row;       \
+                for (int64_t h = 0; h < H; h++) {                                                          \
+                    const float *qh = qf + h * D;                                                          \
+                    const T *kh = k + (h / G) * D;                                                         \
+                    float s = 0.0f;                                                                        \
+                    for (int64_t d = 0; d < D; d++) s += qh[d] * LOAD(kh[d]);                              \
+                    sb[h * max_len + t] = ROUND(s) * scale;                                                \
+                }                                                                                          \
+            }                                                                                              \
         }                                                                                                  \
-        _Pragma("omp for schedule(dynamic, 1) collapse(2)")                                                \
-        for (int64_t b = 0; b < B; b++)                                                                    \
-            for (int64_t kh = 0; kh < KVH; kh++)                                                           \
-                if (buf)                                                                                   \
-                    pair_##SUFFIX(q + b * H * D, kc, vc, tables + b * table_stride, seq_lens[b],           \
-                                  out + b * H * D, G, KVH, D, bs, kh, scale, buf, buf + G * D,             \
-                                  buf + 2 * G * D);                                                        \
-        free(buf);                                                                                         \
+        _Pragma("omp for schedule(static)")                                                                \
+        for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
+            const int64_t len = seq_lens[bh / H];                                                          \
+            float *s = scores + bh * max_len, m = s[0], sum = 0.0f;                                        \
+            for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                      \
+            for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }                       \
+            for (int64_t t = 0; t < len; t++) s[t] = ROUND(s[t] / sum);                                    \
+        }                                                                                                  \
+        _Pragma("omp for schedule(dynamic, 1)")                                                            \
+        for (int64_t i = 0; i < num_items; i++) {                                                          \
+            const int64_t b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];                       \
+            const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
+            float *acc = partial + (b * max_chunks + c) * H * D;                                           \
+            const float *sb = scores + b * H * max_len;                                                    \
+            memset(acc, 0, sizeof(float) * (size_t)(H * D));                                               \
+            for (int64_t t = t0; t < t1; t++) {                                                            \
+                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (t % bs) * row;       \
+                for (int64_t h = 0; h < H; h++) {                                                          \
+                    const float w = sb[h * max_len + t];                                                   \
+                    const T *vh = v + (h / G) * D;                                                         \
+                    float *ah = acc + h * D;                                                               \
+                    for (int64_t d = 0; d < D; d++) ah[d] += w * LOAD(vh[d]);                              \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        _Pragma("omp for schedule(static)")                                                                \
+        for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
+            const int64_t b = bh / H, h = bh % H, chunks = (seq_lens[b] + chunk - 1) / chunk;              \
+            for (int64_t d = 0; d < D; d++) {                                                              \
+                float s = 0.0f;                                                                            \
+                for (int64_t c = 0; c < chunks; c++) s += partial[((b * max_chunks + c) * H + h) * D + d]; \
+                out[bh * D + d] = STORE(s);                                                                \
+            }                                                                                              \
+        }                                                                                                  \
     }                                                                                                      \
-    return failed ? -1 : 0;                                                                                \
+    free(items);                                                                                           \
+    free(scores);                                                                                          \
+    free(partial);                                                                                         \
+    return 0;                                                                                              \
 }
 
-DEFINE_PAIR(f32, float, f32_load, f32_store, f32_round)
-DEFINE_PAIR(bf16, uint16_t, bf16_load, bf16_store, bf16_round)
+DEFINE_KERNEL(f32, float, f32_load, f32_store, f32_round)
+DEFINE_KERNEL(bf16, uint16_t, bf16_load, bf16_store, bf16_round)
