@@ -25,6 +25,8 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     "no-batching": lambda c, w: LLMEngine(replace(c, max_num_seqs=1), w),
     "contiguous": lambda c, w: LLMEngine(replace(c, kv_layout="contiguous"), w),
     "eager": lambda c, w: LLMEngine(replace(c, execution="eager"), w),
+    # the optimized path with torch's decode attention (gathered, padded) instead of the CPU's C kernel
+    "torch-attention": lambda c, w: LLMEngine(replace(c, attention_backend="torch"), w),
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
     # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (README, "Which --dtype and
     # --weights"), so these use them where the CPU has native bfloat16 GEMMs.

@@ -52,6 +52,9 @@ STANDARD_VARIANTS: tuple[AblationVariant, ...] = (
                     ("--kv-layout", "contiguous")),
     AblationVariant("eager", "execution", "execution=eager: plain torch ops, no fused kernels or graphs",
                     ("--execution", "eager")),
+    AblationVariant("torch-attention", "execution", "attention_backend=torch: decode attention over a gathered, "
+                    "padded batch in torch ops instead of the CPU's C kernel (on GPU: instead of Triton)",
+                    ("--attention-backend", "torch")),
     AblationVariant("bfloat16", "execution", "dtype=bfloat16: half the weight bytes per step (AVX512-BF16/AMX "
                     "GEMMs where the CPU has them)", ("--dtype", "bfloat16")),
     AblationVariant("int8", "execution", "weights=int8 with bfloat16 activations: weight-only int8 GEMMs",

@@ -18,7 +18,9 @@ MARKUP_PROMPT = "<script>alert(1)</script> & <b>bold</b> \"quoted\" prompt"
 ABLATION_BASE = {"num_kv_blocks": 128, "max_model_len": 512}
 ABLATION_ENGINES = {"continuous": ({}, "continuous"), "no-batching": ({"max_num_seqs": 1}, "continuous"),
                     "contiguous": ({"kv_layout": "contiguous"}, "continuous"),
-                    "eager": ({"execution": "eager"}, "continuous"), "bfloat16": ({"dtype": "bfloat16"}, "continuous"),
+                    "eager": ({"execution": "eager"}, "continuous"),
+                    "torch-attention": ({"attention_backend": "torch"}, "continuous"),
+                    "bfloat16": ({"dtype": "bfloat16"}, "continuous"),
                     "int8": ({"dtype": "bfloat16", "weights": "int8"}, "continuous"),
                     "int4": ({"dtype": "bfloat16", "weights": "int4"}, "continuous"),
                     "naive": ({}, "naive")}
