@@ -30,6 +30,12 @@ REFERENCE_BOOT_S = 300.0  # the reference server's model load and weight packing
 SERVED_ROUNDS = 5  # rounds per server when both are timed over HTTP (each round streams 64 tokens)
 
 
+# A stream is timed only if its tokens arrived in at least this many separate deliveries (gaps over
+# BURST_GAP_S); fewer, and the client saw bursts, not steps.
+BURST_GAP_S = 2e-4
+MIN_DELIVERIES = 4
+
+
 def reference_weights(served_model: str | None) -> str | None:
     """The ``--model`` that loads the weights the target serves, or None when servescope cannot tell.
 
@@ -103,10 +109,17 @@ def _time_in_turns(model: str, batch: int, context: int, target: Callable[[], fl
                    num_rounds: int, label: str) -> PathTiming:
     """Best of ``num_rounds`` for each, alternating which goes first, so a busy machine slows both alike."""
     timings: dict[str, list[float]] = {OPTIMIZED: [], TARGET: []}
+    untimed: dict[str, str] = {}
     for round_index in range(num_rounds):
         turns = ((OPTIMIZED, reference), (TARGET, target))
         for name, step in turns if round_index % 2 == 0 else reversed(turns):
-            timings[name].append(step())
+            try:
+                timings[name].append(step())
+            except ValueError as exc:  # a round whose streams could not be timed; the others still count
+                untimed[name] = str(exc)
+    for name, times in timings.items():
+        if not times:
+            raise ValueError(f"no round of {num_rounds} could time the {name} side: {untimed.get(name)}")
     return PathTiming(model=model, dtype="float32", device="cpu", batch=batch, context=context, run_path=None,
                       step_s={name: min(t) for name, t in timings.items()}, num_steps=num_rounds,
                       measured_at=time.time(),
@@ -135,6 +148,7 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
             """One request's time per output token after the first: (finish - first chunk) / (tokens - 1)."""
             first = finish = None
             num_tokens_out = 0
+            arrivals: list[float] = []
             with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
                 response.raise_for_status()
                 for line in _sse_lines(response):
@@ -144,19 +158,25 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
                     now = time.perf_counter()
                     for choice in chunk.get("choices") or []:
                         first = first if first is not None else now
+                        arrivals.append(now)
                         if choice.get("finish_reason"):
                             finish = now
                     num_tokens_out = (chunk.get("usage") or {}).get("completion_tokens") or num_tokens_out
             if first is None or finish is None or num_tokens_out < 3 or finish <= first:
                 return None  # NOTE: every token in one chunk (a fast server merges them) times nothing
+            deliveries = 1 + sum(1 for a, b in zip(arrivals, arrivals[1:], strict=False) if b - a > BURST_GAP_S)
+            if deliveries < MIN_DELIVERIES:
+                # NOTE: the tokens came in a few bursts (held back in the server, e.g. a fresh server's first
+                # stream, or in the network): their gaps time the bursts, not the steps (seen: 5 us "steps").
+                return None
             return (finish - first) / (num_tokens_out - 1)
 
         def one_round() -> float:
             with httpx.Client(timeout=10.0) as client, ThreadPoolExecutor(batch) as pool:
                 steps = [step for step in pool.map(lambda _: stream(client), range(batch)) if step is not None]
             if not steps:
-                raise ValueError(f"{url} streamed no request with usage and 3 or more tokens; its decode step "
-                                 f"cannot be timed")
+                raise ValueError(f"{url} streamed no request with usage, 3 or more tokens and at least "
+                                 f"{MIN_DELIVERIES} separate deliveries; its decode step cannot be timed")
             return statistics.median(steps)
 
         return one_round
