@@ -132,7 +132,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty_like(query)
     if meta.decode_ids:
         decode = decode or _decode_attention
-        if len(meta.decode_ids) == meta.num_seqs and meta.max_query_len == 1:
+        if len(meta.decode_ids) == meta.num_seqs:
             return decode(query, k_cache, v_cache, meta, scale)  # every row is a decode row, in order
         rows = torch.tensor([meta.query_start_loc[i] for i in meta.decode_ids], dtype=torch.int64,
                             device=query.device)
@@ -210,9 +210,14 @@ class AttentionBackend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TorchAttentionBackend:
-    """Plain torch: index_copy for the store, SDPA over gathered blocks for attention."""
+    """Plain torch: index_copy for the store, SDPA over gathered blocks for attention.
+
+    ``decode`` replaces the decode rows' attention (the CPU's C kernel, ``engine.cpu_kernels``);
+    prompt chunks always take SDPA, which torch does well at their GEMM-like shapes.
+    """
 
     name: str = "torch"
+    decode: DecodeAttention | None = None
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -220,7 +225,7 @@ class TorchAttentionBackend:
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        return paged_attention(query, k_cache, v_cache, meta, scale)
+        return paged_attention(query, k_cache, v_cache, meta, scale, self.decode)
 
 
 TORCH_BACKEND = TorchAttentionBackend()

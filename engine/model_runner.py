@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.attention import AttentionMetadata, GatherWorkspace
+from engine.attention import AttentionMetadata, GatherWorkspace, TorchAttentionBackend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
@@ -112,14 +112,14 @@ class ModelRunner:
     def _cpu_ops(self, required: bool) -> ModelOps:
         """The C decode-attention kernel (built here at first use); torch's ops where it cannot run."""
         from engine.cpu_kernels import cpu_kernels
-        from engine.cpu_kernels.backend import CpuAttentionBackend
 
-        kernels, reason = cpu_kernels()
-        problem = (f"the model runs on {self.device}" if self.device.type != "cpu"
-                   else f"dtype {self.config.dtype} (the kernel has float32 and bfloat16)"
-                   if self.config.dtype not in ("float32", "bfloat16") else None if kernels else reason)
-        if problem is None:
-            return replace(TORCH_OPS, name="cpu", attention=CpuAttentionBackend(kernels))  # type: ignore[arg-type]
+        kernels, problem = cpu_kernels()
+        if self.device.type != "cpu":
+            problem = f"the model runs on {self.device}"
+        elif self.config.dtype not in ("float32", "bfloat16"):
+            problem = f"dtype {self.config.dtype} (the kernel has float32 and bfloat16)"
+        elif kernels is not None:
+            return replace(TORCH_OPS, name="cpu", attention=TorchAttentionBackend("cpu", kernels.decode_attention))
         if required:
             raise ValueError(f"attention_backend='cpu' cannot run here: {problem}")
         logger.warning("the optimized path keeps torch's decode attention: %s", problem)

@@ -146,9 +146,9 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
 
         def stream(client: httpx.Client) -> float | None:
             """One request's time per output token after the first: (finish - first chunk) / (tokens - 1)."""
-            first = finish = None
+            finish = None
             num_tokens_out = 0
-            arrivals: list[float] = []
+            arrivals: list[float] = []  # when each token-bearing chunk came
             with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
                 response.raise_for_status()
                 for line in _sse_lines(response):
@@ -157,19 +157,18 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
                     chunk = json.loads(line[5:])
                     now = time.perf_counter()
                     for choice in chunk.get("choices") or []:
-                        first = first if first is not None else now
                         arrivals.append(now)
                         if choice.get("finish_reason"):
                             finish = now
                     num_tokens_out = (chunk.get("usage") or {}).get("completion_tokens") or num_tokens_out
-            if first is None or finish is None or num_tokens_out < 3 or finish <= first:
+            if not arrivals or finish is None or num_tokens_out < 3 or finish <= arrivals[0]:
                 return None  # NOTE: every token in one chunk (a fast server merges them) times nothing
             deliveries = 1 + sum(1 for a, b in zip(arrivals, arrivals[1:], strict=False) if b - a > BURST_GAP_S)
             if deliveries < MIN_DELIVERIES:
                 # NOTE: the tokens came in a few bursts (held back in the server, e.g. a fresh server's first
                 # stream, or in the network): their gaps time the bursts, not the steps (seen: 5 us "steps").
                 return None
-            return (finish - first) / (num_tokens_out - 1)
+            return (finish - arrivals[0]) / (num_tokens_out - 1)
 
         def one_round() -> float:
             with httpx.Client(timeout=10.0) as client, ThreadPoolExecutor(batch) as pool:

@@ -22,9 +22,11 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from engine.attention import AttentionMetadata
 from engine.weights.fetch import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -45,13 +47,12 @@ class CpuKernels:
     """The loaded library: one decode-attention entry per storage dtype."""
 
     path: Path
-    library: ctypes.CDLL
+    entries: dict[torch.dtype, Any]  # storage dtype -> the library's paged_decode_* function
 
     def paged_decode(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         """Attention of ``query [B, H, D]`` (one token per sequence) over its paged context: ``[B, H, D]``."""
-        entry = {torch.float32: self.library.paged_decode_f32, torch.bfloat16: self.library.paged_decode_bf16}.get(
-            query.dtype)
+        entry = self.entries.get(query.dtype)
         if entry is None or k_cache.dtype != query.dtype or v_cache.dtype != query.dtype:
             raise TypeError(f"paged_decode runs float32 or bfloat16 with a cache of the same dtype, got "
                             f"{query.dtype} over {k_cache.dtype}")
@@ -76,6 +77,13 @@ class CpuKernels:
         if rc != 0:
             raise MemoryError("paged_decode could not allocate its score buffer")
         return out
+
+    def decode_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """:func:`paged_decode` over a batch's decode rows: ``TorchAttentionBackend``'s ``decode``."""
+        assert meta.decode_block_tables is not None and meta.decode_seq_lens is not None
+        return self.paged_decode(query.contiguous(), k_cache, v_cache, meta.decode_block_tables,
+                                 meta.decode_seq_lens, scale)
 
 
 def _machine_key() -> str:
@@ -126,8 +134,8 @@ def cpu_kernels() -> tuple[CpuKernels | None, str]:
         library = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"building the CPU kernels failed: {exc}"
-    for name in ("paged_decode_f32", "paged_decode_bf16"):
-        fn = getattr(library, name)
+    entries = {torch.float32: library.paged_decode_f32, torch.bfloat16: library.paged_decode_bf16}
+    for fn in entries.values():
         fn.argtypes = _ARGTYPES
         fn.restype = ctypes.c_int
-    return CpuKernels(path, library), f"built with {compiler} for this CPU: {path}"
+    return CpuKernels(path, entries), f"built with {compiler} for this CPU: {path}"

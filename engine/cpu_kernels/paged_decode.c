@@ -53,7 +53,7 @@ int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *t
         num_items += (seq_lens[b] + chunk - 1) / chunk;                                                    \
     }                                                                                                      \
     const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
-    /* item i covers sequence item_seq[i], tokens [item_chunk[i] * chunk, + chunk) */                       \
+    /* item i is (sequence items[2i], chunk items[2i + 1]): that sequence's tokens [chunk * c, chunk * (c + 1)) */ \
     int64_t *items = malloc(sizeof(int64_t) * (size_t)(2 * num_items));                                    \
     float *scores = malloc(sizeof(float) * (size_t)(B * H * max_len));                                    \
     float *partial = malloc(sizeof(float) * (size_t)(B * max_chunks * H * D));                             \

@@ -67,10 +67,10 @@ def test_grouped_query_heads_read_their_own_kv_head() -> None:
 
 @needs_kernels
 def test_mixed_batch_routes_decode_rows_to_the_kernel_and_prompt_chunks_to_torch() -> None:
-    from engine.cpu_kernels.backend import CpuAttentionBackend
+    from engine.attention import TorchAttentionBackend
 
     query, k_cache, v_cache, meta = _paged_batch([50, 20, 130, 9], [1, 20, 1, 4], torch.float32)
-    got = CpuAttentionBackend(KERNELS).attend(query, k_cache, v_cache, meta, 0.125)
+    got = TorchAttentionBackend("cpu", KERNELS.decode_attention).attend(query, k_cache, v_cache, meta, 0.125)
     want = paged_attention(query, k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
