@@ -94,8 +94,8 @@ def llm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     model = config.getoption("llm_model")
     argv = [*(["--model", model] if model else []), *shlex.split(config.getoption("llm_engine_args")), *flags]
     try:
-        with bundled_server(tmp_path_factory.mktemp("llm-server"), argv,
-                            config.getoption("llm_startup_timeout")) as server:
+        with bundled_server(tmp_path_factory.mktemp("llm-server"), argv, config.getoption("llm_startup_timeout"),
+                            config.getoption("llm_tokenizer")) as server:
             yield server
             return
     except ServerStartError as exc:

@@ -54,7 +54,8 @@ def external_server(url: str, model: str | None, tokenizer: str | None) -> LLMSe
 
 
 @contextmanager
-def bundled_server(log_dir: Path, serve_argv: list[str], startup_timeout_s: float) -> Iterator[LLMServer]:
+def bundled_server(log_dir: Path, serve_argv: list[str], startup_timeout_s: float,
+                   tokenizer: str | None = None) -> Iterator[LLMServer]:
     """``servescope serve SERVE_ARGV`` on a free loopback port for the ``with`` block; its log in ``log_dir``."""
     from loadtests.errors import ServerFailedError
     from loadtests.server_process import ServerProcess
@@ -66,4 +67,4 @@ def bundled_server(log_dir: Path, serve_argv: list[str], startup_timeout_s: floa
         except ServerFailedError as exc:
             raise ServerStartError(f"servescope serve {shlex.join(serve_argv)} could not start: {exc}") from None
         yield LLMServer(url=process.url, model=None, is_bundled=True, serve_argv=tuple(serve_argv),
-                        log_path=process.log_path)
+                        log_path=process.log_path, tokenizer=tokenizer)
