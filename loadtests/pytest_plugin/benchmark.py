@@ -83,10 +83,12 @@ def with_metric(name: str, metric: str) -> str:
     return f"{name[:-1]}-{metric}]" if name.endswith("]") else f"{name}[{metric}]"
 
 
-def round_values(run: LoadRun, metric: str) -> list[float]:
-    if metric not in ROUND_METRICS:
-        raise ValueError(f"{metric!r} is not a per-request time; llm_benchmark records {', '.join(ROUND_METRICS)}")
-    return list(getattr(run, metric).values)
+def check_metrics(metrics: tuple[str, ...]) -> None:
+    """ValueError for a metric that is not a per-request time (before any load is offered)."""
+    unknown = [m for m in metrics if m not in ROUND_METRICS]
+    if unknown or not metrics:
+        raise ValueError(f"llm_benchmark records per-request times: metrics from {', '.join(ROUND_METRICS)}, "
+                         f"got {metrics!r}")
 
 
 def extra_info(run: LoadRun, target: str) -> dict[str, Any]:
@@ -126,12 +128,15 @@ def record_rounds(benchmark: Any, run: LoadRun, metrics: tuple[str, ...], target
     benchmark._mode = "llm_benchmark(...)"
     if benchmark.disabled:
         return []
+    if run.num_ok == 0:
+        raise ValueError(f"{run.label}: no successful request was measured ({run.num_failed} failed), nothing to "
+                         f"record; {run.verdict.summary}")
     entries = []
     info = extra_info(run, target)
     options = {"rounds": "one per measured successful request, warm-up excluded",
                "timer": "servescope client rows (client_requests.parquet)"}
     for metric in metrics:
-        values = round_values(run, metric)
+        values = list(getattr(run, metric).values)
         if not values:
             # NOTE: a request can succeed without a TTFT (a stream whose text all came in its last chunk);
             # pytest-benchmark cannot store a benchmark of no rounds, so this metric sits this run out.
@@ -150,8 +155,8 @@ def record_rounds(benchmark: Any, run: LoadRun, metrics: tuple[str, ...], target
         benchmark._add_stats(entry)
         entries.append(entry)
     if not entries:
-        raise ValueError(f"{run.label}: none of {', '.join(metrics)} was measured ({run.num_ok} ok, {run.num_failed} "
-                         f"failed{': ' + str(run.errors) if run.errors else ''}): nothing to record")
+        raise ValueError(f"{run.label}: none of {', '.join(metrics)} was measured in {run.num_ok} successful "
+                         f"requests: nothing to record")
     benchmark.extra_info.update(info)
     return entries
 

@@ -21,6 +21,7 @@ import pytest
 
 from loadtests.pytest_plugin.benchmark import (
     DEFAULT_ROUND_METRICS,
+    check_metrics,
     check_rates,
     check_unused,
     parse_rate_check,
@@ -85,22 +86,23 @@ def llm_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         try:
             server = external_server(target, config.getoption("llm_served_model"), config.getoption("llm_tokenizer"))
         except ServerStartError as exc:
-            failure = str(exc)
-        else:
-            yield server
-            return
-        # NOTE: failed outside the except block, so pytest shows the message alone, not the exception chain.
-        pytest.fail(failure, pytrace=False)
+            raise _failure(exc) from None
+        yield server
+        return
     model = config.getoption("llm_model")
     argv = [*(["--model", model] if model else []), *shlex.split(config.getoption("llm_engine_args")), *flags]
     try:
         with bundled_server(tmp_path_factory.mktemp("llm-server"), argv, config.getoption("llm_startup_timeout"),
                             config.getoption("llm_tokenizer")) as server:
             yield server
-            return
     except ServerStartError as exc:
-        failure = str(exc)
-    pytest.fail(failure, pytrace=False)
+        raise _failure(exc) from None
+
+
+def _failure(exc: Exception) -> BaseException:
+    """The test fails with ``exc``'s message alone. NOTE: raised ``from None``, or pytest prints the message
+    twice, once for ``exc`` and once for the failure raised while handling it."""
+    return pytest.fail.Exception(str(exc), pytrace=False)
 
 
 def _flags(param: Any) -> list[str]:
@@ -133,11 +135,9 @@ class LoadPoint:
         try:
             run = run_load_point(self.server, run_dir, config, reference=reference)
         except LoadPointError as exc:
-            failure = str(exc)
-        else:
-            self._item.stash.setdefault(RUNS_KEY, []).append(run)
-            return run
-        pytest.fail(failure, pytrace=False)
+            raise _failure(exc) from None
+        self._item.stash.setdefault(RUNS_KEY, []).append(run)
+        return run
 
 
 @pytest.fixture
@@ -162,19 +162,18 @@ class BenchmarkPoint:
         self._config = config
 
     def __call__(self, *, metrics: tuple[str, ...] = DEFAULT_ROUND_METRICS, **keywords: Any) -> LoadRun:
-        check_unused(self._benchmark)
-        run = self._load(**keywords)
         try:
+            check_metrics(tuple(metrics))
+            check_unused(self._benchmark)
+            run = self._load(**keywords)
             entries = record_rounds(self._benchmark, run, tuple(metrics), self._load.server.url)
         except ValueError as exc:
-            failure = str(exc)
-        else:
-            checks = self._config.getoption("llm_compare_fail")
-            regression = check_rates(self._config, checks, self._benchmark.fullname, entries[0]) if entries else None
-            if regression is None:
-                return run
-            failure = f"throughput regressed: {regression}"
-        pytest.fail(failure, pytrace=False)
+            raise _failure(exc) from None
+        checks = self._config.getoption("llm_compare_fail")
+        regression = check_rates(self._config, checks, self._benchmark.fullname, entries[0]) if entries else None
+        if regression is not None:
+            pytest.fail(f"throughput regressed: {regression}", pytrace=False)
+        return run
 
 
 @pytest.fixture
