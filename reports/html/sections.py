@@ -1,4 +1,5 @@
-"""The report's sections, in order: small registered classes that turn a run into blocks the template draws.
+"""The report's sections: small classes that turn a run into blocks the template draws (their order:
+:data:`reports.html.report.SECTIONS`).
 
 A section always appears (with a note saying why when the run lacks its data), so a reader
 finds the same headings in every report.
@@ -77,14 +78,6 @@ class Section(ABC):
         """The section's content; None entries are dropped."""
 
 
-SECTIONS: list[Section] = []
-
-
-def register(cls: type[Section]) -> type[Section]:
-    SECTIONS.append(cls())
-    return cls
-
-
 def note(text: str) -> Block:
     return Block("note", text=text)
 
@@ -119,7 +112,6 @@ def ms(value: float | None) -> str:
     return "–" if value is None else f"{value * 1000:.1f}"
 
 
-@register
 class VerdictSection(Section):
     anchor, title = "verdict", "Verdict"
 
@@ -145,7 +137,6 @@ class VerdictSection(Section):
         return out
 
 
-@register
 class TimelineSection(Section):
     anchor, title = "timelines", "Timelines"
 
@@ -159,7 +150,6 @@ class TimelineSection(Section):
         return out
 
 
-@register
 class LatencySection(Section):
     anchor, title = "latency", "Latency percentiles and CDFs"
 
@@ -181,7 +171,6 @@ class LatencySection(Section):
                 ctx.figure(figures.latency_cdf_figure(ctx.points))]
 
 
-@register
 class GoodputSection(Section):
     anchor, title = "goodput", "Goodput"
 
@@ -201,7 +190,6 @@ class GoodputSection(Section):
         return out
 
 
-@register
 class StepBreakdownSection(Section):
     anchor, title = "steps", "Step-time breakdown"
 
@@ -219,7 +207,6 @@ class StepBreakdownSection(Section):
                 ctx.figure(figures.step_breakdown_figure(steps))]
 
 
-@register
 class ConcurrencySection(Section):
     anchor, title = "concurrency", "Throughput vs concurrency"
 
@@ -240,7 +227,6 @@ class ConcurrencySection(Section):
                 ctx.figure(figures.concurrency_figure(ctx.summary.points, ctx.sweep_parameter or "load"))]
 
 
-@register
 class RooflineSection(Section):
     anchor, title = "roofline", "Roofline"
 
@@ -280,7 +266,6 @@ class RooflineSection(Section):
         return out
 
 
-@register
 class AblationSection(Section):
     anchor, title = "ablation", "Ablation"
 
@@ -299,7 +284,6 @@ class AblationSection(Section):
                       highlight=[r.name == a.baseline for r in a.rows])]
 
 
-@register
 class RequestsSection(Section):
     anchor, title = "requests", "Slowest and failed requests"
 
@@ -315,7 +299,6 @@ class RequestsSection(Section):
                        "prompt"], body, caption="Failed requests first, then by end-to-end latency")]
 
 
-@register
 class RunSection(Section):
     anchor, title = "run", "Run"
 
@@ -380,10 +363,4 @@ def prefix_cache_line(ctx: ReportContext) -> str:
             parts.append(f"{float(measured['num_cached_tokens'].sum()) / prompt:.1%} of prompt tokens "
                          f"(usage.prompt_tokens_details.cached_tokens)")
     return "; ".join(parts) or "not reported by this server"
-
-
-def section_views(ctx: ReportContext) -> list[dict[str, Any]]:
-    """Every registered section's anchor, title and blocks, in order."""
-    return [{"anchor": s.anchor, "title": s.title, "blocks": [b for b in s.blocks(ctx) if b is not None]}
-            for s in SECTIONS]
 

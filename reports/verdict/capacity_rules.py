@@ -7,14 +7,13 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 from __future__ import annotations
 
 from reports.capacity.result import NO_QUEUE_SHARE, SERIAL_GAIN
-from reports.verdict.evidence import Evidence, Facts, Rule, num, pct, register
+from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in
 # proportion to the tokens per request; halfway between decides.
 TOKENS_EXPONENT = 0.5
 
 
-@register
 class CapacitySerial(Rule):
     name = "capacity_serial"
     bottleneck = "batching"
@@ -47,21 +46,18 @@ class _TokensRule(Rule):
                 f"at {t.users} users (exponent {num(value)})")
 
 
-@register
 class CapacityMemory(_TokensRule):
     name = "capacity_memory"
     bottleneck = "cache"
     comparison = ">="
 
 
-@register
 class CapacitySeats(_TokensRule):
     name = "capacity_seats"
     bottleneck = "batching"
     comparison = "<="
 
 
-@register
 class CapacityCompute(Rule):
     name = "capacity_compute"
     bottleneck = "execution"

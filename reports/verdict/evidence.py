@@ -1,4 +1,4 @@
-"""What a diagnosis rests on: one :class:`Evidence` per rule, and the rule base class and registry."""
+"""What a diagnosis rests on: one :class:`Evidence` per rule, and the rule base class (every rule: reports.verdict.rules)."""
 
 from __future__ import annotations
 
@@ -112,17 +112,6 @@ class Rule(ABC):
     @abstractmethod
     def describe(self, facts: Facts, value: float | None) -> str:
         """The figure in words (shown next to its threshold)."""
-
-
-RULES: dict[str, Rule] = {}
-
-
-def register(cls: type[Rule]) -> type[Rule]:
-    """Class decorator: add one instance of the rule to :data:`RULES` under its name."""
-    if cls.name in RULES:
-        raise ValueError(f"rule {cls.name!r} is registered twice")
-    RULES[cls.name] = cls()
-    return cls
 
 
 def pct(value: float | None) -> str:
