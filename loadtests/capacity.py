@@ -20,15 +20,8 @@ from rich.console import Console
 
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from probes.peaks import MachinePeaks
-from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
-from reports.capacity.result import (
-    CAPACITY_NAME,
-    NO_QUEUE_SHARE,
-    SERIAL_GAIN,
-    CapacitySearch,
-    capacity_result,
-    focus_users,
-)
+from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from reports.capacity.result import NO_QUEUE_SHARE, SERIAL_GAIN, CapacitySearch, capacity_result, focus_users
 from reports.dataset import RunDataset
 from reports.health import run_health
 from reports.summary import point_measures

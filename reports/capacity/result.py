@@ -25,12 +25,11 @@ import numpy as np
 import pandas as pd
 
 from probes.peaks import MachinePeaks
-from probes.run_dir import RunDirectory
+from probes.run_dir import CAPACITY_NAME, RunDirectory
 from reports.capacity.knee import KneeFit, fit_knee, wilson_interval
 from reports.dataset import RunDataset
 from reports.summary import PointMeasures
 
-CAPACITY_NAME = "capacity.json"
 # Without a knee, the capacity is the lightest point within this share of the best throughput.
 PLATEAU_SHARE = 0.9
 # The best throughput at more than 1 user over the throughput at 1 below this ratio: more users never

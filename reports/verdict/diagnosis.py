@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
-from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.execution_paths import PathTiming, decode_shape
+from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, EXECUTION_REFERENCE_NAME, RunDirectory, json_safe
+from probes.step_calibration import StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
