@@ -21,7 +21,13 @@ from rich.console import Console
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
-from reports.capacity.result import NO_QUEUE_SHARE, SERIAL_GAIN, CapacitySearch, capacity_result, focus_users
+from reports.capacity.result import (
+    SERIAL_GAIN,
+    UNQUEUED_DECODING_SHARE,
+    CapacitySearch,
+    capacity_result,
+    focus_users,
+)
 from reports.dataset import RunDataset
 from reports.health import run_health
 from reports.summary import point_measures
@@ -221,7 +227,7 @@ def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
         return False
     if capacity.serial_gain is not None and capacity.serial_gain < SERIAL_GAIN:
         return False
-    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < NO_QUEUE_SHARE
+    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
 
 
 def _write_index(out: Path, search: CapacitySearch) -> None:

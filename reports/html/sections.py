@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from probes.schemas import STEP_PHASES
 from reports.ablation import AblationTable
 from reports.capacity.result import Capacity
 from reports.dataset import RunDataset
@@ -200,7 +201,7 @@ class StepBreakdownSection(Section):
         steps = ctx.focus.steps_in_window()
         total = float(steps["total_s"].sum()) or 1.0
         rows = [[p.removesuffix("_s"), share(float(steps[p].sum()) / total), ms(float(steps[p].mean()))]
-                for p in figures.PHASES]
+                for p in STEP_PHASES.values()]
         return [table(["phase", "share of step time", "mean ms per step"], rows,
                       caption=f"{s.num_steps} steps, mean {s.mean_step_s * 1000:.2f} ms; idle gaps between steps "
                               f"with work pending: {s.gap_share:.1%}"),

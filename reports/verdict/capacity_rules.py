@@ -6,7 +6,7 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 
 from __future__ import annotations
 
-from reports.capacity.result import NO_QUEUE_SHARE, SERIAL_GAIN
+from reports.capacity.result import SERIAL_GAIN, UNQUEUED_DECODING_SHARE
 from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in
@@ -61,7 +61,7 @@ class CapacitySeats(_TokensRule):
 class CapacityCompute(Rule):
     name = "capacity_compute"
     bottleneck = "execution"
-    threshold = NO_QUEUE_SHARE
+    threshold = UNQUEUED_DECODING_SHARE
     why = ("past the capacity, open requests that are all decoding (time-averaged: first token to end, against "
            "send to end) were not queued for seats or memory: each got slower, so the work itself saturates the "
            "device")

@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     from reports.capacity.result import Capacity
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
-BOTTLENECKS: tuple[Bottleneck, ...] = ("batching", "cache", "execution", "none")
+BATCHING: Bottleneck = "batching"
+CACHE: Bottleneck = "cache"
+EXECUTION: Bottleneck = "execution"
+NONE: Bottleneck = "none"  # nothing inside the server binds: the offered load is the limit
+BOTTLENECKS: tuple[Bottleneck, ...] = (BATCHING, CACHE, EXECUTION, NONE)
 # What a run gets instead of a bottleneck when it cannot be judged (reports.health).
 NO_VERDICT = "undetermined"
 Comparison = Literal[">=", "<="]
