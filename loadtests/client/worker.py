@@ -47,7 +47,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def register_worker(subparsers: Any) -> None:
-    """Add ``servescope worker`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope worker``."""
     p = subparsers.add_parser(
         "worker", help="join a `servescope load --master` run as one of its Locust workers, from any machine",
         description="Run one Locust worker for a `servescope load --master` run. The plan, target and load "

@@ -136,7 +136,7 @@ def _write_ab(out: Path, run: ABRun, verdict: ABVerdict, clock: str) -> None:
 
 
 def register_gate(subparsers: Any) -> None:
-    """Add ``servescope gate`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope gate``."""
     p = subparsers.add_parser(
         "gate", help="fail CI when a build or configuration regresses (floors, a baseline run, or --ab)",
         description="Exit 0 on pass, 1 on a regression, 2 on bad input or a check that cannot be made.")

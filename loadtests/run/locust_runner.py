@@ -112,7 +112,7 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
                     on_tick(elapsed)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(TICK_S)
-        except BaseException:  # Ctrl-C, SIGTERM (see engine.cli), a failed tick: no worker outlives us
+        except BaseException:  # Ctrl-C, SIGTERM (see loadtests.cli), a failed tick: no worker outlives us
             kill_group(process)
             raise
         kill_group(process)  # workers a crashed master left behind

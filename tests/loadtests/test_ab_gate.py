@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.cli import main
+from loadtests.cli import main
 from loadtests.gate.ab import repo_root, tree_at_ref
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from loadtests.cli import main
 from reports.gate.stats import estimate_slowdown
 
 pytestmark = pytest.mark.gate
