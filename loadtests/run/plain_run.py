@@ -181,7 +181,7 @@ class PlainRun:
 
         from loadtests.client.table import merge_journals, take_worker_roster
         from loadtests.errors import RunFailedError
-        from loadtests.run.orchestrator import _finish
+        from loadtests.run.finish import finish_run
 
         if self.is_finished:
             return
@@ -205,7 +205,7 @@ class PlainRun:
         self.write_load_info(stopped_at=self.stopped_at, finished_at=time.time(),
                              workers=roster.workers if roster is not None else None)
         try:
-            _finish(self.run_dir, Console(stderr=True))
+            finish_run(self.run_dir, Console(stderr=True))
         except (RunFailedError, ValueError, FileNotFoundError) as exc:
             logger.error("servescope: %s", exc)
             return

@@ -10,8 +10,7 @@ import pandas as pd
 from rich.console import Console
 
 from loadtests.client.table import load_client_requests
-from loadtests.run.progress import SUMMARY_COLUMNS, summary_table
-from loadtests.run.summary import write_summary
+from loadtests.run.finish import SUMMARY_COLUMNS, summary_table, write_summary
 from probes.loader import load_manifest
 from probes.run_dir import CLIENT_HEALTH_TABLE, SUMMARY_NAME, RunDirectory
 from probes.schemas import CLIENT_HEALTH
