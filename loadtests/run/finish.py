@@ -2,8 +2,8 @@
 printed.
 
 :func:`finish_run` hands the directory to :func:`reports.write_run_report`, which loads each point
-once and writes ``summary.json`` (the measures), ``diagnosis.json`` and ``report.html``; the console
-table and verdict lines are drawn from the same measures. ``servescope load``/``diagnose`` and a
+once and writes ``summary.json`` (the measures), ``diagnosis.json`` and ``report.html``; the terminal
+shows the same objects (:func:`reports.console.print_run`). ``servescope load``/``diagnose`` and a
 plain Locust run (loadtests.run.plain_run) all end here.
 """
 
@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from loadtests.errors import NoVerdictError, ReportFailedError
-from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
 from reports import write_run_report
+from reports.console import print_run
 from reports.summary import RunSummary
 from reports.verdict.diagnosis import Diagnosis
 
@@ -48,62 +47,7 @@ def finish_run(out: Path, console: Console) -> Summary:
     except Exception as exc:  # noqa: BLE001 - the run itself is safe on disk; say how to retry
         raise ReportFailedError(f"the run in {out} is complete, but writing its report failed: "
                                 f"{type(exc).__name__}: {exc}; rerun `servescope report {out}`") from exc
-    console.print(summary_table(summary.measures))
-    for point in summary.measures.points:
-        if not point.accounting.is_consistent:
-            console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "
-                          f"{point.accounting.to_dict()}")
-        for warning in point.warnings:
-            console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
-    diagnosis = summary.diagnosis
-    if diagnosis.capacity is not None and diagnosis.has_verdict:
-        from reports.html.capacity import headline  # NOTE: imported here: it pulls in plotly
-
-        for line in headline(diagnosis.capacity):
-            console.print(f"[bold]{line}[/]" if line.startswith("Capacity") else line, highlight=False)
-    if not diagnosis.has_verdict:
-        console.print(f"[bold red]{diagnosis.summary}[/]")
-        console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
-        raise NoVerdictError(f"the run in {out} cannot be judged: {diagnosis.summary}")
-    at = f" (at {diagnosis.label})" if diagnosis.capacity is not None else ""
-    console.print(f"bottleneck{at}: [bold]{diagnosis.bottleneck}[/]: {diagnosis.summary}", highlight=False)
-    evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
-    for e in evidence:
-        console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
-    console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
+    print_run(console, summary.measures, summary.diagnosis, out)
+    if not summary.diagnosis.has_verdict:
+        raise NoVerdictError(f"the run in {out} cannot be judged: {summary.diagnosis.summary}")
     return summary
-
-
-def summary_table(summary: RunSummary) -> Table:
-    """The headline numbers of every point, for the terminal: the same measures the report shows."""
-    table = Table(title="servescope: measured, warm-up excluded (latencies in ms)")
-    for column in SUMMARY_COLUMNS:
-        table.add_column(column, justify="right")
-    for p in summary.points:
-        c, s = p.client, p.server
-        goodput = c.goodput["fraction"] if c is not None and c.goodput else None
-        if c is None:
-            table.add_row(p.label, "-", *["-"] * (len(SUMMARY_COLUMNS) - 3), _fmt(s.mean_batch if s else None, "{:.1f}"))
-            continue
-        table.add_row(
-            p.label, f"{c.num_ok}/{c.num_failed}", _fmt(c.request_throughput, "{:.2f}"),
-            _fmt(c.output_throughput, "{:.1f}"), f"{_ms(c.ttft_s, 'p50')}/{_ms(c.ttft_s, 'p99')}",
-            _ms(c.tpot_s, "p50"), _ms(c.e2e_s, "p50"), _fmt(goodput, "{:.0%}"),
-            _fmt(s.mean_batch if s is not None else None, "{:.1f}"),
-        )
-    return table
-
-
-SUMMARY_COLUMNS = ("point", "ok/fail", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50", "E2E p50", "goodput",
-                   "batch")
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def _ms(dist: dict[str, float] | None, key: str) -> str:
-    if dist is None:
-        return "-"
-    ms = dist[key] * 1000
-    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"

@@ -16,7 +16,8 @@ from plotly.subplots import make_subplots
 from probes.peaks import MachinePeaks
 from probes.schemas import STEP_PHASES
 from reports.dataset import RunDataset
-from reports.measures import WAIT_LIMITS, ServerMeasures, metrics_adapter, signal_series
+from reports.measures import WAIT_LIMITS, ServerMeasures
+from reports.metric_adapters import metrics_adapter, signal_series
 from reports.summary import PointMeasures
 
 # Steps are averaged into at most this many time bins, so a long run stays a small file.

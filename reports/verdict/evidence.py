@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from probes.execution_paths import PathTiming
-from reports.measures import ClientMeasures, PrometheusMeasures, ServerMeasures
+from reports.measures import ClientMeasures, ServerMeasures
+from reports.metric_adapters import PrometheusMeasures
 from reports.roofline import RooflineSummary
 
 if TYPE_CHECKING:
