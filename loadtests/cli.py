@@ -38,6 +38,7 @@ from loadtests.errors import RunFailedError
 from loadtests.gate.cli import register_gate
 from loadtests.workloads.catalog import WORKLOADS, is_trace
 from loadtests.workloads.traces import SAMPLES, read_trace, trace_path
+from probes.run_dir import RUNS_DIR
 from reports.cli import register_compare, register_report
 
 # What ``servescope --help`` opens with: the question the tool answers.
@@ -195,7 +196,7 @@ def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tup
 
 
 def _out_dir(args: argparse.Namespace, command: str) -> Path:
-    return args.out if args.out is not None else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args.out if args.out is not None else RUNS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _cmd_load(args: argparse.Namespace) -> int:

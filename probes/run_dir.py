@@ -46,6 +46,8 @@ import pyarrow.parquet as pq
 
 from probes.peaks import MachinePeaks
 
+# Where servescope writes what it makes when no --out says otherwise: run directories, compare pages (git ignores it).
+RUNS_DIR = Path("runs")
 MANIFEST_NAME = "run.json"
 TRACE_NAME = "trace.json"
 PEAKS_NAME = "machine_peaks.json"

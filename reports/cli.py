@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from probes.run_dir import RUNS_DIR
+
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
@@ -91,7 +93,7 @@ def register_compare(subparsers: Any) -> None:
                     "against the first; optionally fail when any figure regresses past a tolerance.")
     p.add_argument("dirs", nargs="+", type=Path, help="run directories; the first is the baseline")
     p.add_argument("--labels", default=None, help="comma-separated names for the runs (default: directory names)")
-    p.add_argument("--out", default="compare.html", help="HTML file to write (default %(default)s)")
+    p.add_argument("--out", default=str(RUNS_DIR / "compare.html"), help="HTML file to write (default %(default)s)")
     p.add_argument("--json", default=None, help="also write the comparison as JSON here")
     p.add_argument("--max-regression", type=float, default=None,
                    help="exit 1 if any figure is worse than the baseline's by more than this share (0.1 = 10%%)")

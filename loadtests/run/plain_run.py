@@ -30,7 +30,7 @@ import gevent
 from loadtests.client.load_context import API_KEY_ENV
 from loadtests.config import LoadConfig
 from loadtests.plan import build_plan, write_plan
-from probes.run_dir import LOAD_NAME, LOCUST_STATS_NAME, PLAN_NAME, LoadInfo, RunDirectory
+from probes.run_dir import LOAD_NAME, LOCUST_STATS_NAME, PLAN_NAME, RUNS_DIR, LoadInfo, RunDirectory
 
 if TYPE_CHECKING:
     from locust.env import Environment
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RUNS_DIR = Path("runs")
 # Seconds between samples of the user count (the steps in the report's timeline).
 USER_SAMPLE_INTERVAL_S = 0.5
 # The plan's size assumes this much load when neither -t nor --ss-duration says how long the run is

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
-from loadtests.cli import main
+from loadtests.cli import build_parser, main
+from probes.run_dir import RUNS_DIR
 
 COMMANDS = "{diagnose,load,report,compare,gate,serve,generate,bench,worker,fetch-model}"
 
@@ -27,3 +29,9 @@ def test_version_is_the_installed_distributions(capsys) -> None:
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out == f"servescope {version('servescope')}\n"
+
+
+def test_what_servescope_makes_goes_under_runs_by_default() -> None:
+    assert Path("runs") == RUNS_DIR
+    assert Path(build_parser().parse_args(["compare", "a", "b"]).out) == RUNS_DIR / "compare.html"
+    assert build_parser().parse_args(["diagnose"]).out is None  # then runs/diagnose-<time>/
