@@ -1,4 +1,4 @@
-"""The verdict: which lever (batching, cache, execution) holds the server back, or none.
+"""The verdict: which bottleneck (batching, cache, execution) holds the server back, or none.
 
 The decision follows one order. First, is there pressure at all: an engine idle over half the
 time with nobody waiting is limited by its load (``none``). Then: not enough simultaneous work
