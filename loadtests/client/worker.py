@@ -18,12 +18,9 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
-from loadtests.config import DEFAULT_MASTER_PORT
-
-LOCUSTFILE = Path(__file__).parents[1] / "locustfile.py"
+from loadtests.config import DEFAULT_MASTER_PORT, LOCUSTFILE
 
 
 def worker_command(master_host: str, master_port: int) -> list[str]:
