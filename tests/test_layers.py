@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +59,7 @@ def _imported(node: ast.AST, module: str, is_package: bool, modules: dict[str, P
             yield submodule if submodule in modules else base
 
 
+@cache  # NOTE: parsed once for every test here; none changes it
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (``from a import b`` names ``a.b`` when that is a module)."""
     modules = _modules()
