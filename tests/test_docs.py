@@ -149,7 +149,8 @@ def documented_flags(text: str) -> Iterator[tuple[str, str]]:
 # A repository path in code: under one of these top-level folders, with an optional ::test node id.
 REPO_PATH = re.compile(r"(?<![\w./~$-])((?:engine|probes|loadtests|reports|tests|studies|docs|\.ci|\.github)/[\w./*-]*[\w*]/?)"
                        r"(?:::(\w+))?")
-MODULE = re.compile(r"python3? -m ((?:engine|probes|loadtests|reports|tests|studies)(?:\.\w+)+)")
+# `python -m pkg.module`; a placeholder (`studies.NAME`) is not a module name and is not matched.
+MODULE = re.compile(r"python3?\s+-m\s+((?:engine|probes|loadtests|reports|tests|studies)(?:\.[a-z_]\w*)+)\b(?!\.)")
 
 
 def missing_paths(text: str, root: Path) -> list[str]:
