@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# docs/notes-NAME.md are helpers' scratch notes on their way into the pages, not documentation.
+DOC_FILES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if not p.name.startswith("notes-"))]
 
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
@@ -239,6 +240,27 @@ def test_a_page_documents_some_flags() -> None:
     flags = set(documented_flags((ROOT / "README.md").read_text(encoding="utf-8")))
     assert ("diagnose", "--out") in flags
     assert ("load", "--target") in flags
+
+
+# A row of concepts.md's rules table: | `name` | bottleneck | >= 0.3 | figure |
+RULE_ROW = re.compile(r"^\| `(\w+)` \| (\w+) \| (>=|<=) ([\d.]+) \|", re.MULTILINE)
+
+
+def listed_rules() -> dict[str, tuple[str, str, float]]:
+    """Every rule the verdict evaluates: name -> (bottleneck, comparison, threshold)."""
+    importlib.import_module("reports.verdict.diagnosis")  # imports every rule module
+    try:
+        rules = list(importlib.import_module("reports.verdict.rules").RULES)
+    except ModuleNotFoundError:  # NOTE: before the rules were listed in one tuple, a registry dict held them
+        rules = list(importlib.import_module("reports.verdict.evidence").RULES.values())
+    return {r.name: (r.bottleneck, r.comparison, float(r.threshold)) for r in rules}
+
+
+def test_the_rules_table_lists_every_rule_with_its_threshold() -> None:
+    text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    documented = {name: (bottleneck, comparison, float(threshold))
+                  for name, bottleneck, comparison, threshold in RULE_ROW.findall(text)}
+    assert documented == listed_rules()
 
 
 SYNTHETIC = """# A page
