@@ -16,7 +16,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
 from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatchEngine
 from engine.model.projection import native_bf16_gemm
 from engine.weights import LoadedModel, load_model
-from loadtests.workloads import WORKLOADS, WorkItem, make_workload
+from loadtests.workloads.catalog import WORKLOADS, WorkItem, make_workload
 
 # Each bench engine: how to build it from the shared config and the weights already in memory.
 EngineFactory = Callable[[EngineConfig, LoadedModel], object]
@@ -187,7 +187,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `servescope bench` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope bench``."""
     from engine.flags import add_engine_args
 
     p = subparsers.add_parser("bench", help="offline throughput of each engine and lever on one workload")

@@ -1,5 +1,5 @@
 """One load point from a test: the keywords of ``llm_load`` made into a :class:`LoadConfig` and run by
-``servescope load``'s own orchestrator (:func:`loadtests.orchestrator.run_load`) into a run directory.
+``servescope load``'s own orchestrator (:func:`loadtests.run.orchestrator.run_load`) into a run directory.
 
 Locust runs as a child process, as under ``servescope load``; nothing of it is imported into pytest's.
 """
@@ -54,7 +54,7 @@ def run_load_point(server: LLMServer, out: Path, config: Any, reference: bool = 
     from rich.console import Console
 
     from loadtests.errors import NoVerdictError, RunFailedError
-    from loadtests.orchestrator import run_load
+    from loadtests.run.orchestrator import run_load
 
     # NOTE: pytest captures stderr (a failed test shows it); rich would cut the table to 80 columns there.
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)

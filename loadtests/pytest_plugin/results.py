@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reports.diagnosis import Diagnosis
-    from reports.evidence import Evidence
     from reports.summary import PointMeasures
+    from reports.verdict.diagnosis import Diagnosis
+    from reports.verdict.evidence import Evidence
 
 # The per-request latencies a run has, by the name tests use; each is ``<name>_s`` in summary.json.
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -144,8 +144,8 @@ class LoadRun:
         """Read one load point's run directory (after ``summary.json`` and ``diagnosis.json`` are written)."""
         from probes.run_dir import DIAGNOSIS_NAME, SUMMARY_NAME, RunDirectory
         from reports.dataset import RunDataset
-        from reports.diagnosis import Diagnosis
         from reports.summary import RunSummary
+        from reports.verdict.diagnosis import Diagnosis
 
         run_dir = Path(path)
         directory = RunDirectory(run_dir)

@@ -1,6 +1,6 @@
 """The server under test: the ``--llm-target`` one, or ``servescope serve`` started for the session.
 
-The bundled server is :class:`loadtests.server_process.ServerProcess` (plain ``servescope serve``, no
+The bundled server is :class:`loadtests.run.server_process.ServerProcess` (plain ``servescope serve``, no
 probes): a child in its own process group on a free loopback port, waited for on ``/health`` and
 stopped (SIGTERM, then SIGKILL) however the session ends, so a server that cannot start leaves
 nothing running.
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# NOTE: as loadtests.load_context.API_KEY_ENV (not imported: this module loads with the plugin).
+# NOTE: as loadtests.client.load_context.API_KEY_ENV (not imported: this module loads with the plugin).
 API_KEY_ENV = "SERVESCOPE_API_KEY"
 
 
@@ -43,7 +43,7 @@ class LLMServer:
 
 def external_server(url: str, model: str | None, tokenizer: str | None) -> LLMServer:
     """The ``--llm-target`` server, checked once: it must answer ``/v1/models`` (its key from the environment)."""
-    from loadtests.target import discover_target
+    from loadtests.run.target import discover_target
 
     api_key = os.environ.get(API_KEY_ENV) or None
     try:
@@ -58,7 +58,7 @@ def bundled_server(log_dir: Path, serve_argv: list[str], startup_timeout_s: floa
                    tokenizer: str | None = None) -> Iterator[LLMServer]:
     """``servescope serve SERVE_ARGV`` on a free loopback port for the ``with`` block; its log in ``log_dir``."""
     from loadtests.errors import ServerFailedError
-    from loadtests.server_process import ServerProcess
+    from loadtests.run.server_process import ServerProcess
 
     process = ServerProcess(log_dir, serve_argv, probed=False)
     with process:

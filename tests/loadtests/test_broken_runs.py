@@ -7,9 +7,9 @@ import json
 import pytest
 
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
+from loadtests.client.table import load_client_requests
 from probes.run_dir import DIAGNOSIS_NAME, MANIFEST_NAME, REPORT_NAME, RunDirectory
-from reports.evidence import NO_VERDICT
+from reports.verdict.evidence import NO_VERDICT
 from tests.loadtests.scripted_server import Misbehaviour, scripted_server
 
 LOAD = ["--tokenizer", "dummy:tiny", "--workload", "fixed", "--max-tokens", "3", "--warmup", "0",
@@ -65,7 +65,7 @@ def test_a_target_that_breaks_mid_run_gets_no_verdict_and_a_non_zero_exit(tmp_pa
     # where a hot retry loop against a refusing port sends thousands.
     assert (~rows["is_ok"]).sum() < 100
     # `servescope report` on the broken run also gives no verdict, and says so with its exit status.
-    from engine.cli import main as servescope
+    from loadtests.cli import main as servescope
 
     assert servescope(["report", str(out)]) == 1
     assert json.loads((out / DIAGNOSIS_NAME).read_text())["bottleneck"] == NO_VERDICT

@@ -23,18 +23,19 @@ from typing import Any
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.baselines import NaiveEngine, StaticBatchEngine
 from engine.weights import LoadedModel, load_model
-from loadtests.client_table import records_table
+from loadtests.client.records import ClientRecord
+from loadtests.client.table import records_table
 from loadtests.config import LoadConfig
-from loadtests.execution_reference import measure_reference
 from loadtests.plan import PlannedRequest, write_plan
-from loadtests.records import ClientRecord
-from loadtests.workloads import make_workload
+from loadtests.run.execution_reference import measure_reference
+from loadtests.workloads.catalog import make_workload
 from probes.base import Probe
 from probes.host import HostProbe
 from probes.manifest import RunManifest
 from probes.peaks import MachinePeaks, measure_peaks
 from probes.prometheus import PrometheusProbe
 from probes.run_dir import (
+    CALIBRATION_NAME,
     CLIENT_TABLE,
     LOAD_NAME,
     PLAN_NAME,
@@ -45,7 +46,7 @@ from probes.run_dir import (
     SweepPoint,
 )
 from probes.session import ProbeSession
-from probes.step_calibration import CALIBRATION_NAME, measure_calibration
+from probes.step_calibration import measure_calibration
 
 ENGINE_KINDS = ("continuous", "static", "naive")
 # Seconds in-flight requests get to finish after the load stops before they are aborted.

@@ -122,6 +122,9 @@ SLO_TESTS = """
         assert run.num_ok == client["num_ok"] > 0
         for name in ("ttft", "tpot", "itl", "e2e"):
             latency, stats = getattr(run, name), client[f"{name}_s"]
+            if stats is None:  # a one-second point on a busy machine can measure no ITL gap at all
+                assert latency.count == 0 and np.isnan(latency.p50)
+                continue
             assert latency.count == stats["count"]
             for p in (50, 90, 99):
                 assert getattr(latency, f"p{p}") == stats[f"p{p}"] == np.percentile(latency.values, p)
