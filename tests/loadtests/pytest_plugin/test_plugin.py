@@ -51,6 +51,9 @@ def test_the_plugin_is_active_and_leaves_other_suites_alone(pytester: pytest.Pyt
                                 "*--llm-compare-fail=FIELD:X%*"])
 
 
+# NOTE: slow: the failing server imports servescope's whole CLI (torch, transformers) first, 10-20 s;
+# test_a_server_not_healthy_in_time_is_stopped covers the stop path in the default run.
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_a_clear_error_once(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user="""
         def test_load(llm_load):
@@ -137,6 +140,8 @@ SLO_TESTS = """
 """
 
 
+# NOTE: slow: a server start and a load point, 35-50 s; test_slo.py checks the same messages in the default run.
+@pytest.mark.slow
 def test_slo_failures_print_the_measured_distribution(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=SLO_TESTS)
     result = pytester.runpytest_subprocess(*BUNDLED, timeout=INNER_TIMEOUT_S)
