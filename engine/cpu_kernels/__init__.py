@@ -37,7 +37,7 @@ _ARGTYPES = [_PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, _INT64, _INT64, _INT64,
              ctypes.c_int]
 _INT = ctypes.c_int
 _QUANT_GEMM_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _INT, _INT64, _PTR, _INT, _INT]
-_QUANT_ACTS_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _PTR, _PTR, _PTR]
+_QUANT_ACTS_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _PTR, _PTR]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +105,17 @@ class CpuKernels:
                 ValueError(f"quant_gemm refused its arguments (code {rc})")
         return out
 
-    def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The kernel's own int8 activations of ``x [M, K]``: ``(codes, scales, sums of x, sums of codes)``."""
+    def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The kernel's own int16 activations of ``x [M, K]``: ``(codes, steps, sums of x)`` per group of 32."""
         x = x.contiguous()
         num_rows, num_cols = x.shape
-        codes = torch.empty((num_rows, num_cols), dtype=torch.int8)
-        scales, sums = (torch.empty((num_rows, num_cols // 32)) for _ in range(2))
-        code_sums = torch.empty((num_rows, num_cols // 32), dtype=torch.int32)
+        codes = torch.empty((num_rows, num_cols), dtype=torch.int16)
+        steps, sums = (torch.empty((num_rows, num_cols // 32)) for _ in range(2))
         rc = self.library.quant_activations(x.data_ptr(), int(x.dtype == torch.bfloat16), num_rows, num_cols,
-                                            codes.data_ptr(), scales.data_ptr(), sums.data_ptr(),
-                                            code_sums.data_ptr())
+                                            codes.data_ptr(), steps.data_ptr(), sums.data_ptr())
         if rc != 0:
             raise ValueError(f"quant_activations refused its arguments (code {rc})")
-        return codes, scales, sums, code_sums
+        return codes, steps, sums
 
 
 def _compiler() -> str | None:

@@ -20,13 +20,11 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(v.u >> 16);
 }
 
-/* Activations of M rows quantized per group of 32: xq [M, K] int8, dx [M, G] steps, sx [M, G] = sum(x),
- * isum [M, G] = sum(xq). */
+/* Activations of M rows quantized per group of 32: xq [M, K] int16, dx [M, G] steps, sx [M, G] = sum(x). */
 typedef struct {
-    int8_t *xq;
+    int16_t *xq;
     float *dx;
     float *sx;
-    int32_t *isum;
 } QuantActs;
 
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads);

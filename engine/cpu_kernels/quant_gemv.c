@@ -3,24 +3,29 @@
  *
  * out[m, n] = sum_k x[m, k] * w[n, k], with per group g of 32 inputs:
  *   Q4:  w = d[n, g] * code + mn[n, g]     (code 0..15, Q4_1)
- *   Q8:  w = d[n, g] * (code - 128)        (code 0..255 stores Q8_0's signed value + 128)
- * The activations are quantized per row and group to int8 (xq = round(x * (127 / max|x|)), dx = max|x| * (1 / 127)),
- * as llama.cpp does, so the dot products run on integer instructions (AVX-512 VNNI vpdpbusd: unsigned codes
- * times signed activations, four products per 32-bit lane; AVX2 maddubs; or plain C):
- *   Q4:  d * dx * sum(code * xq) + mn * sum(x)      (sum(x) unquantized: the min term carries no extra error)
- *   Q8:  d * dx * (sum(code * xq) - 128 * sum(xq))
+ *   Q8:  w = d[n, g] * code                (code -127..127, Q8_0)
+ * The activations are quantized per row and group to int16 (xq = round(x * (32767 / max|x|)), step
+ * dx = max|x| * (1 / 32767)), so the dot products run on integer instructions (AVX-512 VNNI vpdpwssd: two
+ * 16-bit products per 32-bit lane; AVX2 pmaddwd; or plain C) and sum exactly in int32:
+ *   Q4:  d * dx * sum(code * xq) + mn * sum(x)      (sum(x) unquantized: the min term adds no error)
+ *   Q8:  d * dx * sum(code * xq)
+ * NOTE: 16-bit, not llama.cpp's 8-bit activations: each activation moves by at most 1/65534 of its group's
+ * largest, 256 times less than with int8, for the same weight bytes. A decode step is bound by reading the
+ * weights, so the extra instructions cost no time there (tests/benchmarks/quant_gemm.py measures it).
  *
  * Packed weight layout (engine/cpu_kernels/quant_pack.py writes it): output rows in tiles of 16 (rows padded
  * with zeros to a multiple of 16), one record per (tile, group), records ordered tile-major so one thread
- * streams its tiles' bytes in order. Each 32-bit lane of a register is one output row of the tile:
- *   Q4 record (320 bytes = 16 rows x 20, Q4_1's own size):
- *     nib[p][r][b], p < 4, r < 16, b < 4: low nibble code(r, 4p + b), high nibble code(r, 16 + 4p + b)
- *                   (for each row, exactly the 16 code bytes of its Q4_1 block, as 4-byte words)
- *     d[16] float16, mn[16] float16
- *   Q8 record (544 bytes = 16 rows x 34, Q8_0's own size):
- *     code[j][r][b], j < 8, r < 16, b < 4: code(r, 4j + b);  d[16] float16
- * NOTE: the activations' quantization is the same in every instruction set (the same float operations
- * rounded the same way), so every build gives the same integer dot products.
+ * streams its tiles' bytes in order. Codes sit so that widening a 64-byte block with unpacklo/unpackhi (which
+ * work per 128-bit lane) leaves each 32-bit lane holding one output row's two 16-bit codes k, k + 1: for row
+ * r = 4L + i, byte 16L + 2i + e holds code pair 0 of the block, byte 16L + 8 + 2i + e pair 1 (e = 0, 1).
+ *   Q4 record (320 bytes = 16 rows x 20, Q4_1's own size): 4 blocks p of 64 bytes whose bytes are Q4_1's own
+ *     (low nibble code c, high nibble code c + 16), c = 4p + e in pair 0 and c = 4p + 2 + e in pair 1;
+ *     then d[16] float16, mn[16] float16.
+ *   Q8 record (544 bytes = 16 rows x 34, Q8_0's own size): 8 blocks q of 64 signed codes, k = 4q + e in pair 0,
+ *     k = 4q + 2 + e in pair 1; then d[16] float16.
+ * The AVX2 and C builds read the same layout (AVX2 as two halves of 8 rows).
+ * NOTE: the activations' quantization is the same in every build (the same float operations rounded the same
+ * way) and the integer sums are exact, so every build gives the same outputs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -75,7 +80,7 @@ static inline float f16_to_f32(uint16_t h) {
 }
 
 
-static void quantize_row(const float *x, int64_t K, int8_t *xq, float *dx, float *sx, int32_t *isum) {
+static void quantize_row(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f, sum = 0.0f;
@@ -84,17 +89,11 @@ static void quantize_row(const float *x, int64_t K, int8_t *xq, float *dx, float
             amax = a > amax ? a : amax;
             sum += xg[k];
         }
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t s = 0;
-        for (int k = 0; k < GROUP; k++) {
-            const int32_t q = (int32_t)nearbyintf(xg[k] * inv);
-            xq[g * GROUP + k] = (int8_t)q;
-            s += q;
-        }
-        dx[g] = amax * (1.0f / 127.0f); /* NOTE: as written: the build's -freciprocal-math would make a
-                                            * division this multiplication anyway, the tests' reference does it */
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int k = 0; k < GROUP; k++) xq[g * GROUP + k] = (int16_t)nearbyintf(xg[k] * inv);
+        dx[g] = amax * (1.0f / 32767.0f); /* NOTE: as written: the build's -freciprocal-math would make a
+                                              * division this multiplication anyway, the tests' reference does it */
         sx[g] = sum;
-        isum[g] = s;
     }
 }
 
@@ -109,7 +108,7 @@ static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, const 
         src = (const float *)x + m * K;
     }
     const int64_t G = K / GROUP;
-    quantize_row(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G, a->isum + m * G);
+    quantize_row(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
 }
 
 static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int64_t m0, int64_t n0, int64_t N,
@@ -128,64 +127,68 @@ static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int
 
 #if defined(QG_AVX512_VNNI)
 
-static inline __m512i bcast4(const int8_t *p) {
+static inline __m512i bcast_pair(const int16_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
 
-/* One tile, activation rows m0 .. m0 + MB - 1: Q4 records. MB is a constant at every call site. */
-static inline __attribute__((always_inline)) void q4_tile(const uint8_t *rec, int64_t G, const QuantActs *a,
-                                                          int64_t K, int64_t m0, int MB, float *acc_out) {
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    __m512 acc[MBLOCK];
-    for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        __m512i c[8];
-        for (int p = 0; p < 4; p++) {
-            const __m512i packed = _mm512_loadu_si512(rec + 64 * p);
-            c[p] = _mm512_and_si512(packed, low);
-            c[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
-        const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
-        for (int i = 0; i < MB; i++) {
-            const int64_t m = m0 + i;
-            const int8_t *xq = a->xq + m * K + g * GROUP;
-            /* two chains: with one activation row a single chain of 8 dependent vpdpbusd would bound the loop */
-            __m512i dot = _mm512_setzero_si512(), dot2 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                dot = _mm512_dpbusd_epi32(dot, c[j], bcast4(xq + 4 * j));
-                dot2 = _mm512_dpbusd_epi32(dot2, c[j + 1], bcast4(xq + 4 * j + 4));
-            }
-            dot = _mm512_add_epi32(dot, dot2);
-            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[m * G + g]));
-            acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[i]);
-            acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->sx[m * G + g]), acc[i]);
-        }
+/* u[j] lane r: row r's codes 2j, 2j + 1 as 16-bit words (j < 16). */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, __m512i u[16]) {
+    const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        const __m512i packed = _mm512_loadu_si512(rec + 64 * p);
+        const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm512_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm512_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm512_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm512_unpackhi_epi8(hi, zero);
     }
-    for (int i = 0; i < MB; i++) _mm512_storeu_ps(acc_out + i * TILE, acc[i]);
 }
 
-static inline __attribute__((always_inline)) void q8_tile(const uint8_t *rec, int64_t G, const QuantActs *a,
-                                                          int64_t K, int64_t m0, int MB, float *acc_out) {
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, __m512i u[16]) {
+    for (int q = 0; q < 8; q++) {
+        const __m512i codes = _mm512_loadu_si512(rec + 64 * q);
+        const __m512i sign = _mm512_movm_epi8(_mm512_movepi8_mask(codes));
+        u[2 * q] = _mm512_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm512_unpackhi_epi8(codes, sign);
+    }
+}
+
+/* sum over the group of code * xq, per row (lane); two chains so one activation row is not latency-bound. */
+static inline __attribute__((always_inline)) __m512i dot16(const __m512i u[16], const int16_t *xq) {
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    for (int j = 0; j < 16; j += 2) {
+        a = _mm512_dpwssd_epi32(a, u[j], bcast_pair(xq + 2 * j));
+        b = _mm512_dpwssd_epi32(b, u[j + 1], bcast_pair(xq + 2 * j + 2));
+    }
+    return _mm512_add_epi32(a, b);
+}
+
+/* One tile, activation rows m0 .. m0 + MB - 1 (MB a constant at every call site), into acc_out [MB][16]. */
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
     __m512 acc[MBLOCK];
     for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q8_RECORD) {
-        __m512i c[8];
-        for (int j = 0; j < 8; j++) c[j] = _mm512_loadu_si512(rec + 64 * j);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        __m512i u[16];
+        __m512 d, mn = _mm512_setzero_ps();
+        if (bits == 4) {
+            q4_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
+            mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
+        } else {
+            q8_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        }
         for (int i = 0; i < MB; i++) {
             const int64_t m = m0 + i;
-            const int8_t *xq = a->xq + m * K + g * GROUP;
-            __m512i dot = _mm512_set1_epi32(-128 * a->isum[m * G + g]), dot2 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
-                dot = _mm512_dpbusd_epi32(dot, c[j], bcast4(xq + 4 * j));
-                dot2 = _mm512_dpbusd_epi32(dot2, c[j + 1], bcast4(xq + 4 * j + 4));
-            }
-            dot = _mm512_add_epi32(dot, dot2);
+            const __m512i dot = dot16(u, a->xq + m * K + g * GROUP);
             const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[m * G + g]));
             acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[i]);
+            if (bits == 4) acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->sx[m * G + g]), acc[i]);
         }
     }
     for (int i = 0; i < MB; i++) _mm512_storeu_ps(acc_out + i * TILE, acc[i]);
@@ -193,73 +196,61 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *rec, in
 
 #elif defined(QG_AVX2)
 
-static inline __m256i bcast4(const int8_t *p) {
+static inline __m256i bcast_pair(const int16_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
 
-/* AVX2 has no unsigned-times-signed 4-way dot: maddubs gives pairs in int16, madd with ones sums them. The
- * tile's 16 rows are two halves of 8 lanes. */
-static inline __attribute__((always_inline)) void q4_tile(const uint8_t *rec, int64_t G, const QuantActs *a,
-                                                          int64_t K, int64_t m0, int MB, float *acc_out) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 acc[MBLOCK][2];
-    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        for (int h = 0; h < 2; h++) {
-            __m256i c[8];
-            for (int p = 0; p < 4; p++) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
-                c[p] = _mm256_and_si256(packed, low);
-                c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-            }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
-            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
-            for (int i = 0; i < MB; i++) {
-                const int64_t m = m0 + i;
-                const int8_t *xq = a->xq + m * K + g * GROUP;
-                /* NOTE: eight pair sums of at most 2 * 15 * 127 each stay within int16. */
-                __m256i pairs = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(c[j], bcast4(xq + 4 * j)));
-                const __m256i dot = _mm256_madd_epi16(pairs, ones);
-                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
-                acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
-                acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
-            }
-        }
-    }
-    for (int i = 0; i < MB; i++) {
-        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
-        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
+/* Half h (rows 8h .. 8h + 7) of the tile: the same layout, 32 of each block's 64 bytes. */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+        const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm256_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm256_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm256_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm256_unpackhi_epi8(hi, zero);
     }
 }
 
-static inline __attribute__((always_inline)) void q8_tile(const uint8_t *rec, int64_t G, const QuantActs *a,
-                                                          int64_t K, int64_t m0, int MB, float *acc_out) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        const __m256i codes = _mm256_loadu_si256((const __m256i *)(rec + 64 * q + 32 * h));
+        const __m256i sign = _mm256_cmpgt_epi8(zero, codes);
+        u[2 * q] = _mm256_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm256_unpackhi_epi8(codes, sign);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
     __m256 acc[MBLOCK][2];
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q8_RECORD) {
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
         for (int h = 0; h < 2; h++) {
-            __m256i wabs[8], wsign[8];
-            for (int j = 0; j < 8; j++) {
-                /* code ^ 0x80 is the signed Q8_0 value; maddubs wants |w| unsigned and the sign moved onto x */
-                wsign[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + 64 * j + 32 * h)), flip);
-                wabs[j] = _mm256_abs_epi8(wsign[j]);
+            __m256i u[16];
+            __m256 d, mn = _mm256_setzero_ps();
+            if (bits == 4) {
+                q4_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+                mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            } else {
+                q8_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + 16 * h)));
             }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + 16 * h)));
             for (int i = 0; i < MB; i++) {
                 const int64_t m = m0 + i;
-                const int8_t *xq = a->xq + m * K + g * GROUP;
+                const int16_t *xq = a->xq + m * K + g * GROUP;
                 __m256i dot = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    /* NOTE: |w| <= 127 and |x| <= 127, so a pair sum fits int16 */
-                    const __m256i pair = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(bcast4(xq + 4 * j), wsign[j]));
-                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pair, ones));
-                }
+                for (int j = 0; j < 16; j++) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(u[j], bcast_pair(xq + 2 * j)));
                 const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
                 acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
+                if (bits == 4) acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
             }
         }
     }
@@ -271,43 +262,33 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *rec, in
 
 #else /* plain C */
 
-static inline void q4_tile(const uint8_t *rec, int64_t G, const QuantActs *a, int64_t K, int64_t m0, int MB,
-                           float *acc_out) {
-    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        const uint16_t *dh = (const uint16_t *)(rec + 256), *mh = (const uint16_t *)(rec + 288);
-        for (int i = 0; i < MB; i++) {
-            const int64_t m = m0 + i;
-            const int8_t *xq = a->xq + m * K + g * GROUP;
-            for (int r = 0; r < TILE; r++) {
-                int32_t dot = 0;
-                for (int p = 0; p < 4; p++)
-                    for (int b = 0; b < 4; b++) {
-                        const uint8_t byte = rec[(p * TILE + r) * 4 + b];
-                        dot += (byte & 0x0f) * xq[4 * p + b] + (byte >> 4) * xq[16 + 4 * p + b];
-                    }
-                float *acc = acc_out + i * TILE + r;
-                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
-                *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
-            }
-        }
-    }
+/* Byte of row r's pair-ordered code k within a block of 64 (k < 4: pair 0 at e = k, pair 1 at e = k - 2). */
+static inline int code_byte(int r, int k) {
+    return 16 * (r / 4) + (k < 2 ? 0 : 8) + 2 * (r % 4) + (k % 2);
 }
 
-static inline void q8_tile(const uint8_t *rec, int64_t G, const QuantActs *a, int64_t K, int64_t m0, int MB,
-                           float *acc_out) {
+static inline int32_t code_at(const uint8_t *rec, int bits, int r, int k) {
+    if (bits == 8) return (int8_t)rec[64 * (k / 4) + code_byte(r, k % 4)];
+    const int c = k % 16;
+    const uint8_t byte = rec[64 * (c / 4) + code_byte(r, c % 4)];
+    return k < 16 ? (byte & 0x0f) : (byte >> 4);
+}
+
+static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const QuantActs *a, int64_t K, int64_t m0,
+                             int MB, float *acc_out) {
     for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
-    for (int64_t g = 0; g < G; g++, rec += Q8_RECORD) {
-        const uint16_t *dh = (const uint16_t *)(rec + 512);
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        const uint16_t *dh = (const uint16_t *)(rec + (bits == 4 ? 256 : 512)), *mh = (const uint16_t *)(rec + 288);
         for (int i = 0; i < MB; i++) {
             const int64_t m = m0 + i;
-            const int8_t *xq = a->xq + m * K + g * GROUP;
+            const int16_t *xq = a->xq + m * K + g * GROUP;
             for (int r = 0; r < TILE; r++) {
-                int32_t dot = -128 * a->isum[m * G + g];
-                for (int j = 0; j < 8; j++)
-                    for (int b = 0; b < 4; b++) dot += rec[(j * TILE + r) * 4 + b] * xq[4 * j + b];
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += code_at(rec, bits, r, k) * xq[k];
                 float *acc = acc_out + i * TILE + r;
                 *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
+                if (bits == 4) *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
             }
         }
     }
@@ -334,19 +315,20 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
         float acc[MBLOCK * TILE] __attribute__((aligned(64)));
         for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
             const int64_t left = M - m0;
+            /* NOTE: constant arguments, so each case compiles to its own unrolled, register-held tile */
             if (bits == 4) {
                 switch (left >= MBLOCK ? MBLOCK : left) {
-                case 4: q4_tile(rec, G, acts, K, m0, 4, acc); break;
-                case 3: q4_tile(rec, G, acts, K, m0, 3, acc); break;
-                case 2: q4_tile(rec, G, acts, K, m0, 2, acc); break;
-                default: q4_tile(rec, G, acts, K, m0, 1, acc); break;
+                case 4: gemm_tile(rec, 4, G, acts, K, m0, 4, acc); break;
+                case 3: gemm_tile(rec, 4, G, acts, K, m0, 3, acc); break;
+                case 2: gemm_tile(rec, 4, G, acts, K, m0, 2, acc); break;
+                default: gemm_tile(rec, 4, G, acts, K, m0, 1, acc); break;
                 }
             } else {
                 switch (left >= MBLOCK ? MBLOCK : left) {
-                case 4: q8_tile(rec, G, acts, K, m0, 4, acc); break;
-                case 3: q8_tile(rec, G, acts, K, m0, 3, acc); break;
-                case 2: q8_tile(rec, G, acts, K, m0, 2, acc); break;
-                default: q8_tile(rec, G, acts, K, m0, 1, acc); break;
+                case 4: gemm_tile(rec, 8, G, acts, K, m0, 4, acc); break;
+                case 3: gemm_tile(rec, 8, G, acts, K, m0, 3, acc); break;
+                case 2: gemm_tile(rec, 8, G, acts, K, m0, 2, acc); break;
+                default: gemm_tile(rec, 8, G, acts, K, m0, 1, acc); break;
                 }
             }
             store_rows(acc, left >= MBLOCK ? MBLOCK : (int)left, m0, t * TILE, N, out, out_bf16);
@@ -357,7 +339,7 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
 /* Bytes of scratch quant_gemm_team needs for M rows of K inputs on `threads` threads. */
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads) {
     const int64_t G = K / GROUP;
-    return (((size_t)(M * K) + 63) & ~(size_t)63) + 3 * sizeof(float) * (size_t)(M * G)
+    return ((2 * (size_t)(M * K) + 63) & ~(size_t)63) + 2 * sizeof(float) * (size_t)(M * G)
            + sizeof(float) * (size_t)(threads * K);
 }
 
@@ -365,11 +347,10 @@ size_t quant_scratch_bytes(int64_t M, int64_t K, int threads) {
 void quant_scratch_split(void *scratch, int64_t M, int64_t K, QuantActs *a, float **rows) {
     const int64_t G = K / GROUP;
     char *p = scratch;
-    a->xq = (int8_t *)p;
-    a->dx = (float *)(p + (((size_t)(M * K) + 63) & ~(size_t)63));
+    a->xq = (int16_t *)p;
+    a->dx = (float *)(p + ((2 * (size_t)(M * K) + 63) & ~(size_t)63));
     a->sx = a->dx + M * G;
-    a->isum = (int32_t *)(a->sx + M * G);
-    *rows = (float *)(a->isum + M * G);
+    *rows = (float *)(a->sx + M * G);
 }
 
 /* The activations' scratch of quant_gemm, per calling thread, grown on demand and kept (a step calls it often). */
@@ -399,13 +380,12 @@ int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *p
     return 0;
 }
 
-/* The activation quantization alone, for tests: xq [M, K], dx, sx [M, K / 32] float32, isum int32. */
-int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, float *dx, float *sx,
-                      int32_t *isum) {
+/* The activation quantization alone, for tests: xq [M, K] int16, dx and sx [M, K / 32] float32. */
+int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int16_t *xq, float *dx, float *sx) {
     if (K % GROUP) return -2;
     float *row = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
     if (!row) return -1;
-    const QuantActs a = {xq, dx, sx, isum};
+    const QuantActs a = {xq, dx, sx};
     for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, &a, row);
     free(row);
     return 0;

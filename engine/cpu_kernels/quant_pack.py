@@ -42,16 +42,30 @@ class PackedWeight:
         """The float32 weight the kernel multiplies (float16 scales included)."""
         tiles, groups, _ = self.data.shape
         if self.bits == 4:
-            nibbles = self.data[..., :256].reshape(tiles, groups, 4, TILE_ROWS, 4)
-            low, high = (nibbles & 0xF), (nibbles >> 4)
-            codes = torch.cat([low, high], dim=2).permute(0, 3, 1, 2, 4).reshape(tiles, TILE_ROWS, groups, 32)
+            gguf_bytes = _from_pair_order(self.data[..., :256], 4)  # [T, 16, G, 16]: Q4_1's bytes per row
+            codes = torch.cat([gguf_bytes & 0xF, gguf_bytes >> 4], dim=-1)
             scales, mins = (_halves(self.data[..., 256 + 32 * i:288 + 32 * i]) for i in range(2))
             weight = codes.float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
         else:
-            codes = self.data[..., :512].reshape(tiles, groups, 8, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
-            codes = codes.reshape(tiles, TILE_ROWS, groups, 32).int() - 128
+            codes = _from_pair_order(self.data[..., :512].contiguous().view(torch.int8), 8)  # [T, 16, G, 32]
             weight = codes.float() * _halves(self.data[..., 512:]).unsqueeze(-1)
         return weight.reshape(tiles * TILE_ROWS, self.num_cols)[:self.num_rows]
+
+
+# NOTE: the pair order of quant_gemv.c: in each 64-byte block, byte 16L + 8 * pair + 2i + e is row 4L + i's
+# value 4 * block + 2 * pair + e, so that unpacklo/unpackhi leave each 32-bit lane one row's two values.
+def _to_pair_order(values: torch.Tensor) -> torch.Tensor:
+    """``[T, 16, G, 4 * blocks]`` (per row, values in order) -> ``[T, G, 64 * blocks]`` in pair order."""
+    tiles, _, groups, width = values.shape
+    laid = values.reshape(tiles, 4, 4, groups, width // 4, 2, 2)  # [T, L, i, G, block, pair, e]
+    return laid.permute(0, 3, 4, 1, 5, 2, 6).reshape(tiles, groups, 16 * width)
+
+
+def _from_pair_order(data: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Inverse of :func:`_to_pair_order`: ``[T, G, 64 * blocks]`` -> ``[T, 16, G, 4 * blocks]``."""
+    tiles, groups, _ = data.shape
+    laid = data.reshape(tiles, groups, blocks, 4, 2, 4, 2)  # [T, G, block, L, pair, i, e]
+    return laid.permute(0, 3, 5, 1, 2, 4, 6).reshape(tiles, TILE_ROWS, groups, 4 * blocks)
 
 
 def _halves(raw: torch.Tensor) -> torch.Tensor:
@@ -73,20 +87,17 @@ def _half_bytes(values: torch.Tensor) -> torch.Tensor:
 
 
 def pack_int4(groups: Int4Groups) -> PackedWeight:
-    """Q4_1 groups in 320-byte records: per row its 16 code bytes as 4-byte words, then float16 scales, mins."""
+    """Q4_1 groups in 320-byte records: each row's 16 Q4_1 code bytes in pair order, then float16 scales, mins."""
     num_rows, num_cols = groups.shape
     codes = _tiled(groups.codes).reshape(-1, TILE_ROWS, num_cols // 32, 32)  # [T, 16, G, 32]
-    packed = codes[..., :16] | (codes[..., 16:] << 4)  # byte j: code j (low), code j + 16 (high), as Q4_1
-    words = packed.reshape(*packed.shape[:3], 4, 4).permute(0, 2, 3, 1, 4)  # [T, G, word p, row r, byte b]
-    data = torch.cat([words.reshape(*words.shape[:2], 256), _half_bytes(groups.scales), _half_bytes(groups.mins)],
-                     dim=-1)
+    gguf_bytes = codes[..., :16] | (codes[..., 16:] << 4)  # byte c: code c (low), code c + 16 (high), as Q4_1
+    data = torch.cat([_to_pair_order(gguf_bytes), _half_bytes(groups.scales), _half_bytes(groups.mins)], dim=-1)
     return PackedWeight(data.contiguous(), 4, num_rows, num_cols)
 
 
 def pack_int8(groups: Int8Groups) -> PackedWeight:
-    """Q8_0 groups in 544-byte records: codes + 128 as unsigned 4-byte words per row, then float16 scales."""
+    """Q8_0 groups in 544-byte records: each row's 32 signed codes in pair order, then float16 scales."""
     num_rows, num_cols = groups.shape
-    unsigned = (groups.codes.to(torch.int16) + 128).to(torch.uint8)
-    codes = _tiled(unsigned).reshape(-1, TILE_ROWS, num_cols // 32, 8, 4).permute(0, 2, 3, 1, 4)
-    data = torch.cat([codes.reshape(*codes.shape[:2], 512), _half_bytes(groups.scales)], dim=-1)
+    codes = _tiled(groups.codes).reshape(-1, TILE_ROWS, num_cols // 32, 32).view(torch.uint8)
+    data = torch.cat([_to_pair_order(codes), _half_bytes(groups.scales)], dim=-1)
     return PackedWeight(data.contiguous(), 8, num_rows, num_cols)
