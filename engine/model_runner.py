@@ -98,9 +98,9 @@ class ModelRunner:
         if self.device.type == "cpu" and self.config.dtype == "bfloat16" and native_bf16_gemm() is None:
             logger.warning("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: its GEMMs are emulated and may be "
                            "slower than float32")
-        if self.config.weights != "dense" and self.config.dtype == "float32":
-            logger.warning("weights=%s with float32 activations runs torch's slow CPU path (slower than dense "
-                           "float32); add --dtype bfloat16", self.config.weights)
+        if self.config.weights == "int8" and self.config.dtype == "float32":
+            logger.warning("weights=int8 with float32 activations runs torch's slow CPU path (slower than dense "
+                           "float32); add --dtype bfloat16")
 
     def _model_weights(self, loaded: LoadedModel) -> ModelWeights:
         """The projection form: quantized when asked; on CPU the optimized path prepacks the dense ones."""
@@ -122,7 +122,9 @@ class ModelRunner:
             problem = f"the model runs on {self.device}"
         elif kernels is not None:
             return kernels
-        logger.warning("weights=int4 keeps torch's int4 kernel: %s", problem)
+        logger.warning("weights=int4 keeps torch's int4 kernel: %s%s", problem,
+                       "; with float32 activations it is slower than dense float32, add --dtype bfloat16"
+                       if self.config.dtype == "float32" else "")
         return None
 
     def _model_ops(self) -> ModelOps:

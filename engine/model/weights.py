@@ -22,6 +22,7 @@ from engine.weights.layout import check_state_dict
 
 if TYPE_CHECKING:
     from engine.cpu_kernels import CpuKernels
+    from engine.cpu_kernels.quant_pack import PackedWeight
 
 
 class Int4Source(Protocol):
@@ -96,7 +97,7 @@ class ModelWeights:
     def _dense(self, names: tuple[str, ...]) -> torch.Tensor:
         return self.tensor(names[0]) if len(names) == 1 else torch.cat([self.tensor(n) for n in names])
 
-    def _kernel_projection(self, packed, names: tuple[str, ...]) -> Projection:  # noqa: ANN001
+    def _kernel_projection(self, packed: PackedWeight, names: tuple[str, ...]) -> Projection:
         assert self.kernels is not None
         if self.dense_from_rows is None:
             return KernelQuantProjection(self.kernels, packed)
