@@ -111,7 +111,8 @@ class ModelRunner:
             projection = "packed"
         kernels = self._quant_kernels() if projection == "int4" else None
         return ModelWeights(loaded.config, loaded.state_dict, self.config.torch_dtype, self.device, projection,
-                            loaded.int4_weights, loaded.source, kernels, loaded.int8_weights)
+                            loaded.int4_weights, loaded.source, kernels, loaded.int8_weights,
+                            self.config.int4_dense_rows)
 
     def _quant_kernels(self) -> CpuKernels | None:
         """The C kernels for int4 weights (Q4_1 codes, Q8_0 head); None, logged, where they cannot run."""

@@ -49,7 +49,13 @@
 #define GROUP 32
 #define Q4_RECORD 320
 #define Q8_RECORD 544
-#define MBLOCK 4 /* activation rows sharing one unpacked tile group */
+/* Activation rows sharing one widened tile group: its 16 registers plus one accumulator per row stay in
+ * registers (AVX-512 has 32; AVX2's 16 spill anyway, so it keeps blocks small). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define MBLOCK 8
+#else
+#define MBLOCK 4
+#endif
 
 const char *quant_gemv_isa(void) {
 #if defined(QG_AVX512_VNNI)
@@ -296,6 +302,26 @@ static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const Quan
 
 #endif
 
+#define TILE_CASE(BITS, ROWS) \
+    case ROWS: gemm_tile(rec, BITS, G, acts, K, m0, ROWS, acc); break;
+#if MBLOCK == 8
+#define TILE_CASES(BITS) TILE_CASE(BITS, 8) TILE_CASE(BITS, 7) TILE_CASE(BITS, 6) TILE_CASE(BITS, 5) \
+    TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#else
+#define TILE_CASES(BITS) TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#endif
+
+/* `rows` (1 .. MBLOCK) activation rows from m0 through one tile. NOTE: each case passes constants, so it
+ * compiles to its own unrolled tile with its accumulators in registers. */
+static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *acts, int64_t K, int64_t m0,
+                      int rows, float *acc) {
+    if (bits == 4) {
+        switch (rows) { TILE_CASES(4) default: break; }
+    } else {
+        switch (rows) { TILE_CASES(8) default: break; }
+    }
+}
+
 /* Inside a running thread team (orphaned omp for): quantize x's rows into `acts`, then every tile. `rows` is
  * K floats of scratch per thread of the team. Ends on the team's barrier: `out` is complete on return. */
 void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
@@ -315,22 +341,7 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
         float acc[MBLOCK * TILE] __attribute__((aligned(64)));
         for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
             const int64_t left = M - m0;
-            /* NOTE: constant arguments, so each case compiles to its own unrolled, register-held tile */
-            if (bits == 4) {
-                switch (left >= MBLOCK ? MBLOCK : left) {
-                case 4: gemm_tile(rec, 4, G, acts, K, m0, 4, acc); break;
-                case 3: gemm_tile(rec, 4, G, acts, K, m0, 3, acc); break;
-                case 2: gemm_tile(rec, 4, G, acts, K, m0, 2, acc); break;
-                default: gemm_tile(rec, 4, G, acts, K, m0, 1, acc); break;
-                }
-            } else {
-                switch (left >= MBLOCK ? MBLOCK : left) {
-                case 4: gemm_tile(rec, 8, G, acts, K, m0, 4, acc); break;
-                case 3: gemm_tile(rec, 8, G, acts, K, m0, 3, acc); break;
-                case 2: gemm_tile(rec, 8, G, acts, K, m0, 2, acc); break;
-                default: gemm_tile(rec, 8, G, acts, K, m0, 1, acc); break;
-                }
-            }
+            tile_rows(rec, bits, G, acts, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
             store_rows(acc, left >= MBLOCK ? MBLOCK : (int)left, m0, t * TILE, N, out, out_bf16);
         }
     }
