@@ -80,7 +80,7 @@ class ModelWeights:
             if self.kernels is not None:
                 from engine.cpu_kernels.quant_pack import pack_int4
 
-                return self._kernel_projection(pack_int4(groups), names)
+                return self._kernel_projection(pack_int4(groups))
             return quantized_projection("int4", torch.empty(0, dtype=self.dtype, device=self.device), groups)
         return self._projection(self.projection, self._dense(names))
 
@@ -97,11 +97,14 @@ class ModelWeights:
     def _dense(self, names: tuple[str, ...]) -> torch.Tensor:
         return self.tensor(names[0]) if len(names) == 1 else torch.cat([self.tensor(n) for n in names])
 
-    def _kernel_projection(self, packed: PackedWeight, names: tuple[str, ...]) -> Projection:
+    def _kernel_projection(self, packed: PackedWeight) -> Projection:
         assert self.kernels is not None
         if self.dense_from_rows is None:
             return KernelQuantProjection(self.kernels, packed)
-        return KernelQuantProjection(self.kernels, packed, packed_or_dense(self._dense(names)), self.dense_from_rows)
+        # NOTE: the dense copy is the packed weight itself (a GGUF's dequantized codes), so both paths multiply
+        # the same numbers whichever a step takes.
+        dense = packed_or_dense(packed.dequantize().to(device=self.device, dtype=self.dtype))
+        return KernelQuantProjection(self.kernels, packed, dense, self.dense_from_rows)
 
     def _projection(self, kind: ProjectionKind, weight: torch.Tensor) -> Projection:
         if kind == "dense":

@@ -74,3 +74,15 @@ def test_engine_tokens_are_the_same_with_and_without_the_fused_step() -> None:
     layered.engine.runner.fused_decode = None
     assert [o.token_ids for o in fused.generate(PROMPTS, params)] == \
         [o.token_ids for o in layered.generate(PROMPTS, params)]
+
+
+def test_int4_dense_rows_gives_every_projection_a_dense_copy_and_the_same_tokens() -> None:
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    plain = _llm("float32")
+    with_copy = _llm("float32", int4_dense_rows=16)
+    layer = with_copy.engine.runner.model.model.layers[0]
+    assert layer.mlp.down_proj.dense is not None and layer.mlp.down_proj.dense_from_rows == 16
+    assert plain.engine.runner.model.model.layers[0].mlp.down_proj.dense is None
+    # prompts of 17+ tokens take the dense copy: float32 GEMMs of the same weights, so the same greedy tokens
+    assert [o.token_ids for o in with_copy.generate(PROMPTS, params)] == \
+        [o.token_ids for o in plain.generate(PROMPTS, params)]

@@ -179,3 +179,27 @@ def test_native_build_names_its_instruction_set(tmp_path: Path) -> None:
     want = "avx512-vnni" if {"avx512f", "avx512bw", "avx512_vnni"} <= flags else \
         "avx2" if {"avx2", "fma", "f16c"} <= flags else "scalar"
     assert KERNELS.isa == want
+
+
+@needs_kernels
+def test_a_projection_with_a_dense_copy_takes_it_from_its_row_count_on() -> None:
+    from engine.model.kernel_projection import KernelQuantProjection
+    from engine.model.projection import DenseProjection
+
+    packed, _ = _weights(40, 64, seed=31)
+    dense = DenseProjection(packed.dequantize())
+    projection = KernelQuantProjection(KERNELS, packed, dense, dense_from_rows=5)
+    x = _activations(6, 64, seed=32)
+    assert torch.equal(projection(x[:4]), KERNELS.quant_gemm(x[:4], packed))
+    assert torch.equal(projection(x[:5]), F.linear(x[:5], packed.dequantize()))
+    with pytest.raises(ValueError, match="go together"):
+        KernelQuantProjection(KERNELS, packed, dense)
+
+
+def test_int4_dense_rows_is_an_int4_option() -> None:
+    from engine import EngineConfig
+
+    with pytest.raises(ValueError, match="int4_dense_rows applies to weights='int4'"):
+        EngineConfig(int4_dense_rows=64)
+    with pytest.raises(ValueError, match="int4_dense_rows must be a positive integer"):
+        EngineConfig(weights="int4", int4_dense_rows=0)
