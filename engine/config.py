@@ -68,10 +68,11 @@ class EngineConfig:
                                           "int4 kernel where the C kernels cannot build). CPU only")
     int4_dense_rows: int | None = _flag(None, "with --weights int4 on the C kernel: steps of at least this many rows "
                                               "(prompt chunks) multiply a dense copy of the weights in --dtype "
-                                              "instead of the 4-bit codes, for CPUs whose dense GEMM is faster there "
-                                              "(the copy costs 2 bytes per weight in bfloat16, +210 MB for "
-                                              "SmolLM2-135M); default: never (measured on AVX-512 VNNI: the kernel is "
-                                              "not slower at any row count)")
+                                              "instead of the 4-bit codes; the copy costs 2 bytes per weight in "
+                                              "bfloat16 (+210 MB for SmolLM2-135M), none is kept when the value "
+                                              "exceeds --max-num-batched-tokens. Default: 32 with --dtype bfloat16 "
+                                              "on a CPU with native bfloat16 GEMMs (the crossover measured there), "
+                                              "else no copy (float32 dense GEMMs are slower than the kernel)")
     device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     attention_backend: AttentionBackendName = _flag("auto", "kernels for attention, KV store, RMSNorm and SiLU: "
                                                             "auto is Triton on GPU and the C decode-attention "

@@ -112,7 +112,22 @@ class ModelRunner:
         kernels = self._quant_kernels() if projection == "int4" else None
         return ModelWeights(loaded.config, loaded.state_dict, self.config.torch_dtype, self.device, projection,
                             loaded.int4_weights, loaded.source, kernels, loaded.int8_weights,
-                            self.config.int4_dense_rows)
+                            self._int4_dense_rows() if kernels is not None else None)
+
+    def _int4_dense_rows(self) -> int | None:
+        """Rows from which an int4 step multiplies a dense copy instead of the codes; None: no copy is kept.
+
+        Asked for, or by default where the dense GEMM measured faster for big steps: bfloat16 on a CPU that
+        runs it natively. A bound no step reaches (the token budget) keeps no copy.
+        """
+        from engine.model.kernel_projection import BF16_DENSE_FROM_ROWS
+
+        rows = self.config.int4_dense_rows
+        if rows is None and self.config.dtype == "bfloat16" and native_bf16_gemm() is not None:
+            rows = BF16_DENSE_FROM_ROWS
+        budget = self.config.max_num_batched_tokens
+        assert budget is not None
+        return rows if rows is not None and rows <= budget else None
 
     def _quant_kernels(self) -> CpuKernels | None:
         """The C kernels for int4 weights (Q4_1 codes, Q8_0 head); None, logged, where they cannot run."""

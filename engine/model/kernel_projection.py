@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from engine.cpu_kernels.quant_pack import PackedWeight
 
 
+# From this many rows on, a step's bfloat16 GEMMs over a dense copy (oneDNN, AVX-512 BF16) beat the kernel on
+# SmolLM2-135M's projections: measured with tests/benchmarks/quant_gemm.py on a 2-core AMD EPYC (Zen 4,
+# AVX-512 VNNI and BF16), docs/notes-kernel.md. Below it the kernel is faster; float32 dense GEMMs never are.
+BF16_DENSE_FROM_ROWS = 32
+
+
 class KernelQuantProjection:
     """``x @ w.T`` over packed codes, or over ``dense`` for steps of ``dense_from_rows`` rows or more."""
 

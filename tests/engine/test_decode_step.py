@@ -86,3 +86,19 @@ def test_int4_dense_rows_gives_every_projection_a_dense_copy_and_the_same_tokens
     # prompts of 17+ tokens take the dense copy: float32 GEMMs of the same weights, so the same greedy tokens
     assert [o.token_ids for o in with_copy.generate(PROMPTS, params)] == \
         [o.token_ids for o in plain.generate(PROMPTS, params)]
+
+
+def test_the_dense_copy_is_kept_by_default_only_where_bfloat16_gemms_are_native() -> None:
+    from engine.model.kernel_projection import BF16_DENSE_FROM_ROWS
+    from engine.model.projection import native_bf16_gemm
+
+    def down(llm: LLM):  # noqa: ANN202
+        return llm.engine.runner.model.model.layers[0].mlp.down_proj
+
+    bf16 = down(_llm("bfloat16"))
+    if native_bf16_gemm() is not None:
+        assert bf16.dense is not None and bf16.dense_from_rows == BF16_DENSE_FROM_ROWS
+    else:
+        assert bf16.dense is None
+    assert down(_llm("float32")).dense is None
+    assert down(_llm("bfloat16", int4_dense_rows=100_000)).dense is None  # beyond the token budget: no copy
