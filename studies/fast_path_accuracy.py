@@ -6,7 +6,7 @@ compared token by token with the engine in float32 (dense weights, the reference
 HF transformers' float32 forward of the same GGUF. Per configuration: how many prompts agree on every
 token, the mean and shortest agreeing prefix, and the largest last-position logit difference from HF.
 
-    python -m tests.benchmarks.fast_path_accuracy --tokens 32 --engine "--dtype bfloat16" \\
+    python -m studies.fast_path_accuracy --tokens 32 --engine "--dtype bfloat16" \\
         --engine "--dtype bfloat16 --weights int4" --engine "--dtype float32 --weights int4" \\
         [--llama-server /work/peers/llama/build/bin/llama-server]
 """

@@ -12,7 +12,7 @@ depend on the values):
 
 Run under the exclusive lock::
 
-    flock /tmp/ss-cpu.lock python -m tests.benchmarks.quant_gemm --json OUT.json
+    flock /tmp/ss-cpu.lock python -m studies.quant_gemm --json OUT.json
 """
 
 from __future__ import annotations

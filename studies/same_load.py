@@ -7,7 +7,7 @@ Every server gets the same client and load (issue 35's table)::
 
 Run under the exclusive lock, e.g.::
 
-    flock /tmp/ss-cpu.lock python -m tests.peers.same_load OUT \\
+    flock /tmp/ss-cpu.lock python -m studies.same_load OUT \\
         --llama /work/peers/llama/build/bin/llama-server --llama /work/peers/llama/build-vnni/bin/llama-server \\
         --ours "--dtype bfloat16 --weights int4" --ours "--dtype bfloat16"
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.peers.servers import GGUF, SERVESCOPE, read_run, stop, wait_ready
-from tests.peers.servers import free_port as _free_port
+from studies.servers import GGUF, SERVESCOPE, read_run, stop, wait_ready
+from studies.servers import free_port as _free_port
 
 SERVED_NAME = "smollm2-135m"
 
