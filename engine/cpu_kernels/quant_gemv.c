@@ -33,6 +33,9 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+static inline int omp_team_size(void) { return omp_get_num_threads(); }
+#else
+static inline int omp_team_size(void) { return 1; }
 #endif
 
 #include "kernels.h"
@@ -335,7 +338,11 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
 #endif
     #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, acts, row);
-    #pragma omp for schedule(static)
+    /* NOTE: dynamic, in chunks of a few tiles: a thread the OS preempts (on a 2-core machine the HTTP server
+     * and anything else compete with the team) leaves its tiles to the others instead of stalling the step. */
+    const int num_threads = omp_team_size();
+    const int64_t chunk = num_tiles / (num_threads * 16) > 1 ? num_tiles / (num_threads * 16) : 1;
+    #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < num_tiles; t++) {
         const uint8_t *rec = packed + (size_t)(t * G) * record;
         float acc[MBLOCK * TILE] __attribute__((aligned(64)));
