@@ -168,7 +168,7 @@ def test_every_cpu_target_builds_and_those_this_cpu_runs_give_the_same_numbers(t
     other = load_library(path)
     x = _activations(6, 576, seed=21)
     for packed in _weights(GQA_QKV_ROWS, 576, seed=22):
-        # NOTE: the same int8 activations and the same order of float operations per output in every build
+        # NOTE: the same int16 activations and the same order of float operations per output in every build
         assert torch.equal(other.quant_gemm(x, packed), KERNELS.quant_gemm(x, packed)), (target, other.isa)
 
 
