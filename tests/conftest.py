@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# NOTE: the pytest plugin's own tests (tests/loadtests/pytest_plugin) run inner pytest sessions.
+pytest_plugins = ["pytester"]
+
 # NOTE: Triton decides compiled vs interpreted when a kernel is defined, so without a GPU the
 # interpreter must be switched on before any test module imports engine.kernels.
 if not torch.cuda.is_available():

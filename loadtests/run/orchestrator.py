@@ -129,10 +129,11 @@ def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: st
 def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
              served_model: str | None = None, api_key: str | None = None,
-             search: SearchOptions | None = None) -> Summary:
+             search: SearchOptions | None = None, reference: bool = True) -> Summary:
     """Each point against an external server; its /metrics (when served) and this host are probed.
 
     With ``search`` (and one config, whose users are ignored), the points are a capacity search's.
+    ``reference=False`` skips :func:`time_reference` (a second server start and its timed steps).
     """
     target = discover_target(url, served_model, api_key)
     probe = probe_request(target, configs[0].api, configs[0].ignore_eos, api_key)
@@ -172,14 +173,16 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
                 peaks = measure_peaks("auto")
         done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
                                model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
-        time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
-                       ignore_eos=configs[0].ignore_eos)
+        if reference:
+            time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
+                           ignore_eos=configs[0].ignore_eos)
         return finish_run(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
 
-    time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
-                   ignore_eos=configs[-1].ignore_eos)
+    if reference:
+        time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
+                       ignore_eos=configs[-1].ignore_eos)
     return finish_run(out, console)
 
 
