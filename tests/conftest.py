@@ -12,6 +12,9 @@ import torch
 # interpreter must be switched on before any test module imports engine.kernels.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# NOTE: every test (and every server it starts) calibrates its steps anew: a cached calibration from another test,
+# or from the user's own runs, would stand in for the code under test.
+os.environ.setdefault("SERVESCOPE_CALIBRATION_CACHE", "off")
 
 
 @pytest.fixture(scope="session")
