@@ -72,6 +72,8 @@ ENGINE_FINDINGS = (
     Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
     Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
     Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
+    # NOTE: the engine saturated by its own work: busy, its batch well used, nobody held for a seat or memory
+    Finding("execution", all_of=("engine_busy", "no_seat_or_memory_wait", "batch_filled")),
 )
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 METRICS_FINDINGS = (
@@ -272,6 +274,9 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
     diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
     diagnosis.capacity = capacity.to_dict() if capacity is not None else None
+    if health.notes:
+        diagnosis.metrics["health_notes"] = health.notes
+        diagnosis.summary = f"{diagnosis.summary} ({'; '.join(health.notes)})"
     if len(points) > 1:
         diagnosis.metrics["points"] = [
             {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
