@@ -4,8 +4,8 @@ A capacity search keeps one server alive across its points (a restart per point 
 model load and a warm-up each). The server's probes write one run directory; when it has
 stopped, :func:`split_server_run` gives every point's directory the rows that fall inside that
 point's load (from ``load.json``'s ``started_at`` to ``finished_at``), a ``run.json`` naming the
-point's own load, and the server's ``machine_peaks.json``, so each point reads as if it had had
-its own server.
+point's own load, and the server's ``machine_peaks.json`` and ``step_calibration.json``, so each point
+reads as if it had had its own server.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from probes.loader import load_run
 from probes.run_dir import LOAD_NAME, MANIFEST_NAME, PEAKS_NAME, RunDirectory
 from probes.schemas import TABLE_SCHEMAS
+from probes.step_calibration import CALIBRATION_NAME
 
 # The column that places each engine-side table's rows in time.
 TIME_COLUMNS = {"steps": "start_time", "requests": "arrival_time", "host": "time", "nvml": "time",
@@ -40,6 +41,6 @@ def split_server_run(server_dir: Path, point_dirs: list[Path]) -> None:
         manifest.workload = info.to_dict()
         manifest.started_at, manifest.stopped_at = info.started_at, info.finished_at
         point.write_json(MANIFEST_NAME, manifest.to_dict())
-        peaks = server_dir / PEAKS_NAME
-        if peaks.is_file():
-            shutil.copyfile(peaks, point_dir / PEAKS_NAME)
+        for name in (PEAKS_NAME, CALIBRATION_NAME):  # measured once, before the server served any point
+            if (server_dir / name).is_file():
+                shutil.copyfile(server_dir / name, point_dir / name)
