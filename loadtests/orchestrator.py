@@ -11,6 +11,7 @@ describes the files in each.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -206,7 +207,11 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
     server_dir = out.parent / f".{out.name}-server"
     if server_dir.exists():
         raise ValueError(f"{server_dir} exists; remove it or pick another --out")
-    argv = ["--workload-seed", str(base.seed), *serve_argv]
+    # NOTE: the load's workload, so the server's step calibration is taken at this load's typical context
+    workload = out.parent / f".{out.name}-workload.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workload.write_text(json.dumps({"config": base.to_dict()}))
+    argv = ["--workload-json", str(workload), "--workload-seed", str(base.seed), *serve_argv]
     point_dirs: list[Path] = []
     try:
         with ServerProcess(server_dir, argv) as server:
@@ -236,6 +241,7 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
             shutil.copyfile(server_dir / PEAKS_NAME, out / PEAKS_NAME)
     finally:
         shutil.rmtree(server_dir, ignore_errors=True)
+        workload.unlink(missing_ok=True)
     return _finish(out, console)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,9 +15,11 @@ import torch
 # interpreter must be switched on before any test module imports engine.kernels.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# NOTE: every test (and every server it starts) calibrates its steps anew: a cached calibration from another test,
-# or from the user's own runs, would stand in for the code under test.
-os.environ.setdefault("SERVESCOPE_CALIBRATION_CACHE", "off")
+# NOTE: the test session keeps its step calibrations (probes.calibration_cache) in a directory of its own: never the
+# user's (measured by other code), and the servers of one session with the same settings calibrate once.
+if "SERVESCOPE_CALIBRATION_CACHE" not in os.environ:
+    os.environ["SERVESCOPE_CALIBRATION_CACHE"] = tempfile.mkdtemp(prefix="servescope-calibration-")
+    atexit.register(shutil.rmtree, os.environ["SERVESCOPE_CALIBRATION_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
