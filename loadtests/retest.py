@@ -22,10 +22,10 @@ from rich.table import Table
 
 from loadtests.config import LoadConfig
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory
-from reports.lever_verdict import RETEST_NAME
+from reports.levers.attach import RETEST_NAME
 
 if TYPE_CHECKING:
-    from loadtests.orchestrator import SearchOptions
+    from loadtests.run.orchestrator import SearchOptions
 
 MEASURES = ("output_throughput", "ttft_p50", "tpot_p50")
 
@@ -70,14 +70,14 @@ def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str,
     verdict was read at (its users, duration and warm-up) with the lever pulled.
     """
     if run_round is None:
-        from loadtests.orchestrator import run_diagnose
+        from loadtests.run.orchestrator import run_diagnose
 
         def run_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
             run_diagnose([load], round_dir, argv, model, console)
 
     first_round = run_round
     if search is not None:
-        from loadtests.orchestrator import run_diagnose_search
+        from loadtests.run.orchestrator import run_diagnose_search
 
         def first_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
             run_diagnose_search(load, round_dir, argv, model, console, search)

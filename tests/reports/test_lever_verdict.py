@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from probes.run_dir import CLIENT_TABLE
-from reports.diagnosis import ENGINE_FINDINGS, diagnose
-from reports.evidence import RULES, Evidence
-from reports.predictions import LeverPrediction, Predictions
+from reports.levers.predictions import LeverPrediction, Predictions
+from reports.verdict.diagnosis import ENGINE_FINDINGS, diagnose
+from reports.verdict.evidence import RULES, Evidence
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT
 
