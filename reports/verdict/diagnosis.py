@@ -20,7 +20,7 @@ from typing import Any
 import reports.verdict.capacity_rules  # noqa: F401 - registers the capacity rules
 import reports.verdict.engine_rules  # noqa: F401 - registers the engine rules
 import reports.verdict.external_rules  # noqa: F401 - registers the external rules
-from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
+from probes.execution_paths import EXECUTION_REFERENCE_NAME, OPTIMIZED, PathTiming, decode_shape
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from probes.step_calibration import CALIBRATION_NAME, StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
@@ -178,7 +178,8 @@ def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | N
     the server measured before the load (the one measurement the predictions read too)."""
     calibration = directory.load(CALIBRATION_NAME, StepCalibration)
     shape = decode_shape(data.steps_in_window())
-    if calibration is None or shape is None or calibration.other_path is None:
+    # NOTE: an optimized run has no other path to time (eager is slower, not a lever): its own path is the timing
+    if calibration is None or shape is None or OPTIMIZED not in calibration.step_s:
         return None
     return calibration.path_timing(*shape)
 
