@@ -67,7 +67,7 @@ class LeverSection(Section):
             error = check.get("throughput_error")
             out.append(table(["", "output tok/s while sending", "output tok/s (measured window)", "TTFT p50 ms",
                               "TPOT p50 ms"],
-                             [["measured", m.get("steady_output_throughput"), m.get("output_throughput"),
+                             [["measured", m.get("steady_output_throughput"), m.get("window_output_throughput"),
                                _ms(m.get("ttft_p50")), _ms(m.get("tpot_p50"))],
                               ["replayed, same settings", r.get("steady_throughput"), r.get("output_throughput"),
                                _ms(r.get("ttft_p50")), _ms(r.get("tpot_p50"))]],

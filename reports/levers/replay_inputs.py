@@ -94,11 +94,14 @@ def client_gap_s(data: RunDataset) -> float:
 
 
 def measured_figures(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
-    """The run's own figures: as its report shows them, and its output tokens per second while it was
-    sending (from the first measured send for the load's duration), the replay's steady throughput.
+    """The run's own figures, the ones its predictions are scaled from and a retest is judged on.
 
-    Without a finished measured request (all in flight when the load stopped) the window figures count the
-    requests by their progress: the tokens the engine streamed while sending, the first tokens that came.
+    ``output_throughput`` is the output tokens the engine streamed per second while the load was sending (from
+    the end of the warm-up for the load's duration; ``steady_output_throughput`` is the same figure): what the
+    replay's gains are ratios of, and what a request counts by its progress, finished or not.
+    ``window_output_throughput`` is the report's figure: the measured requests' tokens over their window (first
+    measured send to last measured end), which a queue stretches far past the load (a request sent late waits
+    behind every earlier one), so it is not a throughput to scale.
 
     NOTE: the steady rate counts the engine's own token times: a stream's chunk may carry several tokens.
     """
@@ -111,15 +114,15 @@ def measured_figures(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
     engine = data.frame("requests")
     times = [t for row in engine["token_times"] if row is not None for t in row] if len(engine) else []
     steady = sum(1 for t in times if start < t <= start + load.duration_s) / load.duration_s
+    figures = {"output_throughput": steady, "steady_output_throughput": steady}
     if len(ok) and window > 0:
-        return {"output_throughput": float(ok["num_output_tokens"].sum()) / window,
-                "steady_output_throughput": steady, "ttft_p50": float(ok["ttft_s"].median()),
-                "tpot_p50": float(ok["tpot_s"].median())}
+        return {**figures, "window_output_throughput": float(ok["num_output_tokens"].sum()) / window,
+                "ttft_p50": float(ok["ttft_s"].median()), "tpot_p50": float(ok["tpot_s"].median())}
+    # no measured request finished: the first tokens that came, and the in-flight requests' pace
     arrived = engine[engine["arrival_time"] >= start] if len(engine) else engine
     ttft = arrived["ttft_s"].dropna() if len(arrived) else arrived
-    return {"output_throughput": steady, "steady_output_throughput": steady,
-            "ttft_p50": float(ttft.median()) if len(ttft) else None, "tpot_p50": in_flight_tpot(arrived),
-            "by_progress": True}
+    return {**figures, "window_output_throughput": None, "ttft_p50": float(ttft.median()) if len(ttft) else None,
+            "tpot_p50": in_flight_tpot(arrived), "by_progress": True}
 
 
 def in_flight_tpot(requests: pd.DataFrame) -> float | None:
