@@ -36,7 +36,6 @@ from probes.calibration_cache import cache_key, model_identity, read_cached, wri
 from probes.execution_paths import OPTIMIZED, PathTiming
 from probes.execution_variants import ExecutionVariant, execution_variants
 
-CALIBRATION_NAME = "step_calibration.json"
 MAX_BATCH = 16
 LEVER_BATCHES = (1, 4, 16)
 DEFAULT_REPEATS = 2

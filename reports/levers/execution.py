@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from probes.execution_variants import ITEMSIZE, NUMERIC_FIELDS
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.run_dir import CALIBRATION_NAME
+from probes.step_calibration import StepCalibration
 
 NOT_CALIBRATED = ("not predicted: the step calibration did not time it for this run (no "
                   f"{CALIBRATION_NAME}, or one from before execution levers were timed; `servescope diagnose` "

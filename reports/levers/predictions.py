@@ -24,8 +24,8 @@ from probes.replay import (
     engine_config,
     replay,
 )
-from probes.run_dir import RunDirectory
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.run_dir import CALIBRATION_NAME, RunDirectory
+from probes.step_calibration import StepCalibration
 from reports.dataset import RunDataset
 from reports.levers.execution import execution_lever_specs
 from reports.levers.replay_inputs import measured_figures, replay_inputs

@@ -15,7 +15,7 @@ model's steps are all dispatch, whatever the path.
 from __future__ import annotations
 
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY
-from reports.verdict.evidence import Facts, Rule, num, pct, register
+from reports.verdict.evidence import Facts, Rule, num, pct
 
 # -- load: is the server under pressure at all? --------------------------------------------------
 IDLE_BUSY_FRACTION = 0.5
@@ -36,7 +36,6 @@ ENGINE_BUSY = 0.9
 BATCH_FILLED = 0.6
 
 
-@register
 class EngineIdle(Rule):
     name = "engine_idle"
     bottleneck = "none"
@@ -52,7 +51,6 @@ class EngineIdle(Rule):
         return f"the engine was stepping {pct(value)} of the measurement window"
 
 
-@register
 class QueueAbsent(Rule):
     name = "queue_absent"
     bottleneck = "none"
@@ -68,7 +66,6 @@ class QueueAbsent(Rule):
         return f"requests were waiting in {pct(value)} of the busy time"
 
 
-@register
 class BatchHasRoom(Rule):
     name = "batch_has_room"
     bottleneck = "none"
@@ -87,7 +84,6 @@ class BatchHasRoom(Rule):
         return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
-@register
 class BatchLimitQueue(Rule):
     name = "batch_limit_queue"
     bottleneck = "batching"
@@ -110,7 +106,6 @@ class BatchLimitQueue(Rule):
         return f"requests waited on a batching limit in {pct(value)} of the busy time (of the waiting time: {limits})"
 
 
-@register
 class MemoryHasRoom(Rule):
     name = "memory_has_room"
     bottleneck = "batching"
@@ -132,7 +127,6 @@ class MemoryHasRoom(Rule):
         return f"the KV pool holds {num(s.kv_capacity_seqs)} requests of this run's size, {num(value)}x the mean batch"
 
 
-@register
 class KvBlocksQueue(Rule):
     name = "kv_blocks_queue"
     bottleneck = "cache"
@@ -148,7 +142,6 @@ class KvBlocksQueue(Rule):
         return f"requests waited for KV memory in {pct(value)} of the busy time"
 
 
-@register
 class Preemptions(Rule):
     name = "preemptions"
     bottleneck = "cache"
@@ -165,7 +158,6 @@ class Preemptions(Rule):
         return f"{s.num_preemptions if s else 0} preemptions, {num(value)} per finished request"
 
 
-@register
 class KvNearFull(Rule):
     name = "kv_near_full"
     bottleneck = "cache"
@@ -181,7 +173,6 @@ class KvNearFull(Rule):
         return f"KV blocks in use: p90 {pct(value)}, mean {pct(s.kv_usage_mean if s else None)}"
 
 
-@register
 class KvWaste(Rule):
     name = "kv_waste"
     bottleneck = "cache"
@@ -197,7 +188,6 @@ class KvWaste(Rule):
         return f"{pct(value)} of the KV slots held by running requests were empty"
 
 
-@register
 class HostOverhead(Rule):
     name = "host_overhead"
     bottleneck = "execution"
@@ -217,7 +207,6 @@ class HostOverhead(Rule):
                 f"{pct(s.gap_share)}, forward {pct(s.forward_share)}; mean step {s.mean_step_s * 1000:.1f} ms)")
 
 
-@register
 class OptimizedPathRemoves(Rule):
     name = "optimized_path_removes"
     bottleneck = "execution"
@@ -246,7 +235,6 @@ class OptimizedPathRemoves(Rule):
                 f"{pct(value)} of the {p.run_path} step")
 
 
-@register
 class EngineBusy(Rule):
     name = "engine_busy"
     bottleneck = "execution"
@@ -263,7 +251,6 @@ class EngineBusy(Rule):
         return f"the engine was stepping {pct(value)} of the measurement window"
 
 
-@register
 class NoSeatOrMemoryWait(Rule):
     name = "no_seat_or_memory_wait"
     bottleneck = "execution"
@@ -283,7 +270,6 @@ class NoSeatOrMemoryWait(Rule):
         return f"requests waited for a seat or for KV memory in {pct(value)} of the busy time"
 
 
-@register
 class BatchFilled(Rule):
     name = "batch_filled"
     bottleneck = "execution"
@@ -302,7 +288,6 @@ class BatchFilled(Rule):
         return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
-@register
 class FarFromRoof(Rule):
     name = "far_from_roof"
     bottleneck = "execution"
