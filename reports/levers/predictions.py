@@ -29,8 +29,8 @@ from probes.step_calibration import StepCalibration
 from reports.dataset import RunDataset
 from reports.levers.execution import execution_lever_specs
 from reports.levers.replay_inputs import measured_figures, replay_inputs
+from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
 from reports.levers.step_model import StepModel, fit_step_model
-from reports.verdict.engine_rules import ENGINE_BUSY, FAR_FROM_ROOF
 
 # A lever predicted to gain less than this (as a ratio of output throughput) is not worth pulling.
 WORTH_PULLING = 1.10

@@ -14,6 +14,7 @@ model's steps are all dispatch, whatever the path.
 
 from __future__ import annotations
 
+from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY
 from reports.verdict.evidence import Facts, Rule, num, pct
 
@@ -31,8 +32,6 @@ KV_WASTE = 0.4
 # -- execution -----------------------------------------------------------------------------------
 OVERHEAD_SHARE = 0.5
 PATH_SHARE = 0.3
-FAR_FROM_ROOF = 0.3
-ENGINE_BUSY = 0.9
 BATCH_FILLED = 0.6
 
 
