@@ -17,15 +17,25 @@ SETTINGS = {"model": "dummy:tiny", "device": "cpu", "num_threads": 1, "max_num_s
             "max_model_len": 128}
 
 
-def test_the_same_numbers_agree_on_every_token_and_bfloat16_does_not_compute_them() -> None:
+NUMERIC = (("bf16", {"dtype": "bfloat16"}), ("int8", {"dtype": "bfloat16", "weights": "int8"}),
+           ("int4", {"dtype": "bfloat16", "weights": "int4"}))
+
+
+def test_the_same_numbers_agree_on_every_token_and_each_numeric_lever_shows_its_cost() -> None:
     loaded = shared_model("dummy:tiny")
     engines = {name: LLMEngine(EngineConfig(**SETTINGS, **changes), loaded)
-               for name, changes in (("run", {}), ("same", {}), ("bf16", {"dtype": "bfloat16"}))}
-    accuracy = measure_accuracy(engines, "run", ["same", "bf16"], loaded.tokenizer, loaded.config.vocab_size)
-    same, bf16 = accuracy["same"], accuracy["bf16"]
+               for name, changes in (("run", {}), ("same", {}), *NUMERIC)}
+    others = ["same", *(name for name, _ in NUMERIC)]
+    accuracy = measure_accuracy(engines, "run", others, loaded.tokenizer, loaded.config.vocab_size)
+    same = accuracy["same"]
     assert same.agreement == 1.0 and same.max_logit_diff == 0.0
     assert same.num_prompts == 4 and same.num_positions == 4 * 8
-    assert bf16.max_logit_diff > 0.0 and 0.0 <= bf16.agreement <= 1.0
+    for name, _ in NUMERIC:  # a dtype and both weight forms compute other numbers, and say by how much
+        cost = accuracy[name]
+        assert cost.max_logit_diff > 0.0 and 0.0 <= cost.agreement <= 1.0, name
+        assert cost.num_positions == same.num_positions, name
+    # fewer bits, farther from the run's numbers: int4 weights on top of bfloat16 differ more than bfloat16 alone
+    assert accuracy["int4"].max_logit_diff > accuracy["bf16"].max_logit_diff
 
 
 def test_the_calibration_prices_only_the_levers_that_change_the_numbers() -> None:

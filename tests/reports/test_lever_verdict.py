@@ -11,7 +11,8 @@ import pytest
 from probes.run_dir import CLIENT_TABLE
 from reports.levers.predictions import LeverPrediction, Predictions
 from reports.verdict.diagnosis import ENGINE_FINDINGS, diagnose
-from reports.verdict.evidence import RULES, Evidence
+from reports.verdict.evidence import Evidence
+from reports.verdict.rules import RULES
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT
 
@@ -38,7 +39,7 @@ def test_saturation_is_said_only_when_every_lever_was_predicted_and_the_device_a
 def test_a_busy_engine_with_its_batch_filled_and_nobody_held_for_a_seat_or_memory_is_execution() -> None:
     def verdict(**passed: bool) -> str | None:
         evidence = {name: Evidence(name, rule.bottleneck, 0.0, rule.threshold, rule.comparison, passed.get(name, False),
-                                   "", "") for name, rule in RULES.items()}
+                                   "", "") for rule in RULES for name in [rule.name]}
         fired = [f for f in ENGINE_FINDINGS if f.fires(evidence)]
         return fired[0].bottleneck if fired else None
 
