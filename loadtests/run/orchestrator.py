@@ -11,6 +11,7 @@ describes the files in each.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from loadtests.workloads.tokenizer import DEFAULT_TOKENIZER, is_known_model, loa
 from probes.loader import load_run
 from probes.peaks import measure_peaks
 from probes.run_dir import (
+    CALIBRATION_NAME,
     LOAD_NAME,
     MANIFEST_NAME,
     PEAKS_NAME,
@@ -215,7 +217,11 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
     server_dir = out.parent / f".{out.name}-server"
     if server_dir.exists():
         raise ValueError(f"{server_dir} exists; remove it or pick another --out")
-    argv = ["--workload-seed", str(base.seed), *serve_argv]
+    # NOTE: the load's workload, so the server's step calibration is taken at this load's typical context
+    workload = out.parent / f".{out.name}-workload.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workload.write_text(json.dumps({"config": base.to_dict()}))
+    argv = ["--workload-json", str(workload), "--workload-seed", str(base.seed), *serve_argv]
     point_dirs: list[Path] = []
     try:
         with ServerProcess(server_dir, argv) as server:
@@ -245,6 +251,7 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
             shutil.copyfile(server_dir / PEAKS_NAME, out / PEAKS_NAME)
     finally:
         shutil.rmtree(server_dir, ignore_errors=True)
+        workload.unlink(missing_ok=True)
     return finish_run(out, console)
 
 
@@ -271,9 +278,9 @@ def split_server_run(server_dir: Path, point_dirs: list[Path]) -> None:
         manifest.workload = info.to_dict()
         manifest.started_at, manifest.stopped_at = info.started_at, info.finished_at
         point.write_json(MANIFEST_NAME, manifest.to_dict())
-        peaks = server_dir / PEAKS_NAME
-        if peaks.is_file():
-            shutil.copyfile(peaks, point_dir / PEAKS_NAME)
+        for name in (PEAKS_NAME, CALIBRATION_NAME):  # measured once, before the server served any point
+            if (server_dir / name).is_file():
+                shutil.copyfile(server_dir / name, point_dir / name)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
