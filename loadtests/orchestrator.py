@@ -44,6 +44,7 @@ from probes.run_dir import (
     SweepIndex,
     SweepPoint,
 )
+from reports.failures import FailureCounts
 
 if TYPE_CHECKING:
     from probes.session import ProbeSession
@@ -173,10 +174,24 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         return _finish(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
-
+    if sweep is None:
+        take_single_stream(out, target, configs[0], console, api_key)
     time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
                    ignore_eos=configs[-1].ignore_eos)
     return _finish(out, console)
+
+
+def take_single_stream(run_dir: Path, target: Target, config: LoadConfig, console: Console,
+                       api_key: str | None) -> None:
+    """After a one-point load: its first planned requests alone (``single_stream.json``), the lighter load its
+    TPOT and its failures are read against."""
+    from loadtests.single_stream import measure_single_stream
+
+    with console.status("timing a single stream after the load (the reference its TPOT and failures are read against)"):
+        reference = measure_single_stream(run_dir, target, config.api, config.ignore_eos, api_key)
+    tpot = reference.tpot_p50_s
+    console.print(f"single-stream reference: {reference.num_requests - reference.num_failed} of "
+                  f"{reference.num_requests} requests ok" + (f", TPOT {tpot * 1000:.1f} ms" if tpot else ""))
 
 
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
@@ -307,7 +322,14 @@ def _finish(out: Path, console: Console) -> Summary:
                           f"{point.accounting.to_dict()}")
         for warning in point.warnings:
             console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
+        if point.client is not None and point.client.num_retried:
+            console.print(f"{point.label}: {point.client.num_retried} requests were sent again on a fresh connection: "
+                          f"the server closed their pooled keep-alive connection before any answer (counted apart "
+                          f"in the client rows' num_retries, not as failures)", highlight=False)
     diagnosis = summary.diagnosis
+    for label, failures in (diagnosis.metrics.get("failures") or {}).items():
+        console.print(f"failures: {label}: {FailureCounts.from_dict(failures).describe()}; read as "
+                      f"{failures['read_as']}", highlight=False)
     if diagnosis.capacity is not None and diagnosis.has_verdict:
         from reports.capacity_section import headline
 

@@ -60,6 +60,9 @@ class CapacitySearch:
     is_local: bool = False  # the target runs on this machine (its memory bandwidth is ours)
     probed: bool = False  # the engine's probes watched the search (diagnose): they, not experiments, tell the limit
     overloaded: list[dict[str, Any]] = field(default_factory=list)  # points that measured nothing: overloaded
+    # The point where requests began to fail from overload (reports.failures): users, dir, why. It stays
+    # in the sweep: its failures are the evidence of the limit, and the search stopped there.
+    failed_at: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

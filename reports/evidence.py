@@ -14,6 +14,7 @@ from reports.roofline import RooflineSummary
 
 if TYPE_CHECKING:
     from reports.capacity import Capacity
+    from reports.failures import FailureCounts
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
 BOTTLENECKS: tuple[Bottleneck, ...] = ("batching", "cache", "execution", "none")
@@ -87,6 +88,10 @@ class Facts:
     capacity: Capacity | None = None  # after a capacity search: its experiments (reports.capacity_rules)
     execution_paths: PathTiming | None = None  # the run's path against the optimized one (engine runs)
     execution_reference: PathTiming | None = None  # the optimized path on the client's batch (outside view)
+    failures: FailureCounts | None = None  # the point's failed requests by kind (reports.failures)
+    # Median TPOT of one stream alone, in the same run: a capacity search's 1-user point, a sweep's, or the
+    # single-stream reference a one-point run takes after its load (probes.single_stream).
+    single_stream_tpot_s: float | None = None
 
 
 class Rule(ABC):

@@ -6,12 +6,13 @@ from reports.capacity_rules import capacity_lever
 from reports.evidence import Bottleneck, Evidence, Facts, num, pct
 from reports.external_rules import QUEUE_DEPTH, ServerQueueDepth
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE
+from reports.overload_rules import overload_lever
 from reports.rules import NO_QUEUE_SHARE, QUEUE_SHARE
 
 
 def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
     """``(lever to try, one-sentence summary)`` for a verdict."""
-    from_capacity = capacity_lever(deciding, facts)
+    from_capacity = capacity_lever(deciding, facts) or overload_lever(deciding, facts)
     if from_capacity is not None:
         return from_capacity
     names = {e.name for e in deciding}
