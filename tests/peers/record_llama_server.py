@@ -5,7 +5,8 @@
 Starts the server on the bundled GGUF with four slots over a small unified KV pool (``-np 4 -kvu -c 512``),
 then writes into ``OUT_DIR`` (default ``tests/loadtests/fixtures/llama_server``) the exact bytes of:
 ``models.json``, ``props.json``, ``slots-idle.json``, ``metrics-idle.txt`` and ``metrics-busy.txt`` (scraped
-while four long requests share the pool), ``slots-busy.json``; ``stream-completions.http`` and
+while four long requests share the pool), ``slots-busy.json``, ``metrics-after.txt``,
+``metrics-deferred.txt`` (six requests on the four slots: two deferred); ``stream-completions.http`` and
 ``stream-chat.http`` (a whole streamed response, status line and headers included, and whether the
 server closed the connection after it: ``closed-after-stream.json``); ``error-too-long.http`` (a prompt
 larger than a slot's context) and ``stream-kv-exhausted.http`` (a 200 stream that ends in "Context size
@@ -18,6 +19,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -63,6 +65,17 @@ def _complete(data: bytes) -> bool:
     return False
 
 
+def _num_processing(text: bytes) -> float:
+    return _gauge(text, "requests_processing")
+
+
+def _gauge(text: bytes, name: str) -> float:
+    for line in text.decode().splitlines():
+        if line.startswith(f"llamacpp:{name} "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def get(port: int, path: str) -> bytes:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
         return response.read()
@@ -73,7 +86,7 @@ def main(binary: str, out: Path = OUT) -> None:
     port = free_port()
     argv = [binary, "-m", str(GGUF), "--metrics", "-a", MODEL, "-t", "2", "-np", "4", "-kvu", "-c", "512",
             "--host", "127.0.0.1", "--port", str(port)]
-    log = (out.parent / "llama-server-record.log").open("wb")
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(120):
@@ -107,8 +120,13 @@ def main(binary: str, out: Path = OUT) -> None:
                                                                                long)[0])) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(1.5)
-        (out / "metrics-busy.txt").write_bytes(get(port, "/metrics"))
+        # NOTE: the scrape with the most requests in slots, while they run (the gauges are instantaneous).
+        scrapes = []
+        for _ in range(12):
+            time.sleep(0.5)
+            scrapes.append(get(port, "/metrics"))
+        busiest = max(scrapes, key=_num_processing)
+        (out / "metrics-busy.txt").write_bytes(busiest)
         (out / "slots-busy.json").write_bytes(get(port, "/slots"))
         for thread in threads:
             thread.join()
@@ -117,6 +135,19 @@ def main(binary: str, out: Path = OUT) -> None:
             raise RuntimeError("no request ran out of the shared KV pool; the fixture was not recorded")
         (out / "stream-kv-exhausted.http").write_bytes(exhausted[0])
         (out / "metrics-after.txt").write_bytes(get(port, "/metrics"))
+        # Six short requests on four slots: two wait for a slot (requests_deferred).
+        short = {**completion, "max_tokens": 48}
+        threads = [threading.Thread(target=raw_exchange, args=(port, "POST", "/v1/completions", short))
+                   for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        scrapes = []
+        for _ in range(8):
+            time.sleep(0.25)
+            scrapes.append(get(port, "/metrics"))
+        (out / "metrics-deferred.txt").write_bytes(max(scrapes, key=lambda t: _gauge(t, "requests_deferred")))
+        for thread in threads:
+            thread.join()
     finally:
         proc.terminate()
         proc.wait(30)
