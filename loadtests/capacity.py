@@ -27,10 +27,10 @@ from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity import (
     CAPACITY_NAME,
     NO_QUEUE_SHARE,
-    SERIAL_GAIN,
     CapacitySearch,
     capacity_result,
     focus_users,
+    is_serial,
 )
 from reports.dataset import RunDataset
 from reports.health import point_failures
@@ -244,7 +244,7 @@ def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
     capacity = _current(out, search)
     if capacity.concurrency is None or capacity.past_knee_users is None:
         return False
-    if capacity.serial_gain is not None and capacity.serial_gain < SERIAL_GAIN:
+    if is_serial(capacity):
         return False
     return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < NO_QUEUE_SHARE
 

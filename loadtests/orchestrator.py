@@ -44,6 +44,7 @@ from probes.run_dir import (
     SweepIndex,
     SweepPoint,
 )
+from probes.server_info import SERVER_INFO_NAME, fetch_server_info
 from reports.failures import FailureCounts
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 
     def run_at(config: LoadConfig, run_dir: Path) -> None:
         session = start_external_probes(run_dir, target, config, dropped_fields=probe.dropped_fields)
+        RunDirectory(run_dir).save(SERVER_INFO_NAME, fetch_server_info(target.url, api_key))
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,

@@ -23,12 +23,13 @@ import reports.overload_rules  # noqa: F401 - registers the overload and saturat
 import reports.rules  # noqa: F401 - registers the engine rules
 from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
+from probes.server_info import SERVER_INFO_NAME, ServerInfo
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
 from probes.step_calibration import CALIBRATION_NAME, StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.capacity import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
-from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures
+from reports.evidence import BOTTLENECKS, NO_VERDICT, RULES, Bottleneck, Evidence, Facts, SweepMeasures, num
 from reports.failures import failure_counts
 from reports.health import RunHealth, run_health
 from reports.lever_verdict import attach_predictions
@@ -79,7 +80,7 @@ ENGINE_FINDINGS = (
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 # NOTE: failures read as overload (reports.health) are direct evidence: they come before the queue's.
 OVERLOAD_FINDINGS = (Finding("cache", all_of=("overload_context",)),
-                     Finding("batching", all_of=("overload_refused",), support=("server_queue",)))
+                     Finding("batching", all_of=("overload_refused",), support=("server_queue", "server_slots_busy")))
 METRICS_FINDINGS = (
     Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
@@ -87,7 +88,7 @@ METRICS_FINDINGS = (
     # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
     # preemption and KV findings above are the ones that would name memory.
     Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
-            support=("few_streams_decoding",)),
+            support=("few_streams_decoding", "server_slots_busy")),
     Finding("execution", all_of=("slower_than_optimized",)),
     Finding("execution", all_of=("tpot_over_single_stream", "server_queue_absent"), support=("streams_all_decoding",)),
 )
@@ -98,7 +99,8 @@ CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
                    Finding("execution", all_of=("tpot_over_single_stream", "streams_all_decoding")))
 EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
 # A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
-CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
+CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial", "capacity_one_stream"),
+                             unknown_ok=("capacity_one_stream",)), Finding("cache", all_of=("capacity_memory",)),
                      Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
 
 
@@ -166,7 +168,8 @@ def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | 
         return Facts(server=None, client=measures.client, prometheus=measures.prometheus, roofline=None, sweep=sweep,
                      is_metrics_unread=is_metrics_unread,
                      execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming),
-                     failures=failures, single_stream_tpot_s=single_stream_tpot_s)
+                     failures=failures, single_stream_tpot_s=single_stream_tpot_s,
+                     server_info=directory.load(SERVER_INFO_NAME, ServerInfo))
     roofline = None
     shape = data.model_shape
     if shape is not None:
@@ -224,7 +227,13 @@ def metrics_read(facts: Facts) -> str | None:
     p = facts.prometheus
     if p is not None:
         names = ", ".join(f"{signal} {name}" for signal, name in p.names.items() if name is not None)
-        return f"/metrics read with the {p.adapter} names ({names})"
+        extra = [f"{label} {num(value)}" for label, value in (
+            ("sequences per forward step", p.mean_batch), ("generated tok/s by its counter", p.output_tokens_per_s),
+            ("longest sequence (tokens)", p.max_sequence_tokens)) if value is not None]
+        info = facts.server_info
+        if info is not None and info.num_slots is not None:
+            extra.append(f"{info.num_slots} slots of {info.slot_context} tokens (/props)")
+        return f"/metrics read with the {p.adapter} names ({names})" + (f"; {', '.join(extra)}" if extra else "")
     if facts.is_metrics_unread:
         return (f"/metrics was scraped, but none of its names is one of the known servers' "
                 f"({', '.join(ADAPTERS)}): the client-side evidence decided")

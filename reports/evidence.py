@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from probes.execution_paths import PathTiming
+from probes.server_info import ServerInfo
 from reports.measures import ClientMeasures, PrometheusMeasures, ServerMeasures
 from reports.roofline import RooflineSummary
 
@@ -92,6 +93,7 @@ class Facts:
     # Median TPOT of one stream alone, in the same run: a capacity search's 1-user point, a sweep's, or the
     # single-stream reference a one-point run takes after its load (probes.single_stream).
     single_stream_tpot_s: float | None = None
+    server_info: ServerInfo | None = None  # what the server said of itself (llama-server's /props and /slots)
 
 
 class Rule(ABC):

@@ -113,6 +113,12 @@ class PrometheusMeasures:
     num_preemptions: int | None
     adapter: str = "vllm"  # the server family whose names were read (reports.metric_adapters)
     names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # signal -> the sample read
+    # Where the server counts them (llama.cpp): sequences per forward step over the window, generated and
+    # prompt tokens per second of the window by its own counters, and the longest sequence it has held.
+    mean_batch: float | None = None
+    output_tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    max_sequence_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -369,4 +375,32 @@ def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
         kv_usage_peak=float(usage.max()) if usage is not None else None,
         num_preemptions=int(round(preempt.iloc[-1] - preempt.iloc[0])) if preempt is not None else None,
         adapter=adapter.name, names={signal: name for signal, (name, _) in read.items()},
+        **_server_counters(data, adapter),
     )
+
+
+def _server_counters(data: RunDataset, adapter: MetricAdapter) -> dict[str, float | None]:
+    """The adapter's step and token counters over the window (see PrometheusMeasures), each None when absent."""
+    present = set(data.frame("prometheus")["sample"].unique())
+    out: dict[str, float | None] = {}
+
+    def rate(names: tuple[str, ...]) -> float | None:
+        name = adapter.first_present(names, present)
+        series = prometheus_series(data, name) if name is not None else None
+        if series is None or len(series) < 2 or series.index[-1] <= series.index[0]:
+            return None
+        return float(series.iloc[-1] - series.iloc[0]) / float(series.index[-1] - series.index[0])
+
+    out["output_tokens_per_s"] = rate(adapter.output_tokens)
+    out["prompt_tokens_per_s"] = rate(adapter.prompt_tokens)
+    longest = adapter.first_present(adapter.max_sequence, present)
+    series = prometheus_series(data, longest) if longest is not None else None
+    out["max_sequence_tokens"] = float(series.max()) if series is not None else None
+    if adapter.batch_per_step is not None and all(n in present for n in adapter.batch_per_step):
+        per_step, steps = (prometheus_series(data, n) for n in adapter.batch_per_step)
+        if per_step is not None and steps is not None and len(steps) >= 2:
+            busy = (per_step * steps.reindex(per_step.index)).dropna()
+            num_steps = float(steps.iloc[-1] - steps.iloc[0])
+            out["mean_batch"] = float(busy.iloc[-1] - busy.iloc[0]) / num_steps if num_steps > 0 and len(busy) >= 2 \
+                else None
+    return out

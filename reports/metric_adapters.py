@@ -36,6 +36,12 @@ class MetricAdapter:
     kv_tokens: tuple[str, str] | None = None
     preemptions: tuple[str, ...] = ()
     finished: tuple[str, ...] = ()
+    # (running mean of sequences per forward step since the server started, forward steps counter): the
+    # mean batch over a window is the change in their product over the change in steps (llama.cpp).
+    batch_per_step: tuple[str, str] | None = None
+    output_tokens: tuple[str, ...] = ()  # generated tokens, a counter
+    prompt_tokens: tuple[str, ...] = ()  # prompt tokens processed (cached ones excluded), a counter
+    max_sequence: tuple[str, ...] = ()  # the longest sequence (prompt + output) seen so far, in tokens
 
     def __post_init__(self) -> None:
         if not self.waiting:
@@ -48,9 +54,10 @@ class MetricAdapter:
         return self.first_present(self.waiting, present) is not None
 
     def num_present(self, present: Collection[str]) -> int:
-        kv = self.kv_tokens or ()
+        kv, batch = self.kv_tokens or (), self.batch_per_step or ()
         return sum(n in present for n in (*self.running, *self.waiting, *self.kv_usage, *kv, *self.preemptions,
-                                          *self.finished))
+                                          *self.finished, *batch, *self.output_tokens, *self.prompt_tokens,
+                                          *self.max_sequence))
 
 
 ADAPTERS: dict[str, MetricAdapter] = {}
@@ -109,12 +116,19 @@ TGI = register(MetricAdapter(
     finished=("tgi_request_success_total",),
 ))
 
-# tools/server/server.cpp (server-context.cpp in newer trees), the /metrics handler: requests in a
-# slot and requests deferred for want of one. kv_cache_usage_ratio (used cells / n_ctx) is only in
-# older builds. llama.cpp has no preemption and no finished-request counter.
+# tools/server/server-task.cpp (server_task_result_metrics::to_metrics; server.cpp in older trees):
+# requests in a slot and requests deferred for want of one (gauges of the moment); busy slots per
+# llama_decode() call averaged since the start, beside the decode-call counter; generated and prompt
+# token counters; n_tokens_max, the longest sequence so far (typed a counter, so parsed as
+# ``..._total``). kv_cache_usage_ratio (used cells / n_ctx) is only in older builds: current ones
+# export no KV gauge. llama.cpp has no preemption and no finished-request counter.
 LLAMACPP = register(MetricAdapter(
     name="llamacpp",
     running=("llamacpp:requests_processing",),
     waiting=("llamacpp:requests_deferred",),
     kv_usage=("llamacpp:kv_cache_usage_ratio",),
+    batch_per_step=("llamacpp:n_busy_slots_per_decode", "llamacpp:n_decode_total"),
+    output_tokens=("llamacpp:tokens_predicted_total",),
+    prompt_tokens=("llamacpp:prompt_tokens_total",),
+    max_sequence=("llamacpp:n_tokens_max_total", "llamacpp:n_tokens_max"),
 ))

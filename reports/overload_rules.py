@@ -105,6 +105,30 @@ class StreamsAllDecoding(Rule):
                 f"requests open ({pct(value)})")
 
 
+@register
+class ServerSlotsBusy(Rule):
+    name = "server_slots_busy"
+    bottleneck = "batching"
+    threshold = 0.9
+    why = ("The server's requests in a slot (llama.cpp requests_processing) against the slots it has (/props "
+           "total_slots), averaged over the scrapes: at 90% or more every slot was busy, so a request that came "
+           "then had to wait, or be turned away.")
+
+    def value(self, facts: Facts) -> float | None:
+        p, info = facts.prometheus, facts.server_info
+        slots = info.num_slots if info is not None else None
+        if p is None or p.mean_running is None or not slots:
+            return None
+        return p.mean_running / slots
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        p, info = facts.prometheus, facts.server_info
+        if value is None or p is None or info is None:
+            return "the server reports no slot count"
+        return (f"{num(p.mean_running)} of its {info.num_slots} slots busy on average ({pct(value)}), "
+                f"{num(p.mean_waiting)} requests deferred")
+
+
 def overload_lever(deciding: list[Evidence], facts: Facts) -> tuple[str, str] | None:
     """``(lever, summary)`` when one of these rules made the verdict, else None."""
     names = {e.name for e in deciding}
