@@ -13,8 +13,10 @@ says when:
   the worst case of llama-server's race, made certain (the client sent on a connection the server was
   closing).
 
-Each POST is answered by ``answer(n)`` (n counts the POSTs from 0): a recorded stream, a recorded
-error response, or ``DROP`` (close the connection without an answer, as a server shedding load).
+Each POST is answered by ``answer(n, path, in_flight)`` (n counts the POSTs from 0; ``in_flight`` how many,
+this one included, the server is answering at that moment): a recorded stream, a recorded error response, or
+``DROP`` (close the connection without an answer, as a server shedding load). ``in_flight`` lets a test
+fail requests only under load, as a server out of slots or KV cache does.
 """
 
 from __future__ import annotations
@@ -87,10 +89,16 @@ class ReplayServer:
     num_closed_unanswered: int = 0  # requests that arrived on a connection the server then closed
     metrics_texts: list[str] = field(default_factory=list)
     num_scrapes: int = 0
+    num_in_flight: int = 0  # POSTs being answered now
+
+
+# NOTE: the recording's model is smollm2-135m, which servescope can load; a load against the replay would then
+# time servescope's own server on it after the load (the outside execution reference), minutes of work.
+REPLAY_MODEL = "replayed-llama-server"
 
 
 def _models_body() -> bytes:
-    return (FIXTURES / "models.json").read_bytes()
+    return (FIXTURES / "models.json").read_bytes().replace(b'"smollm2-135m"', f'"{REPLAY_MODEL}"'.encode())
 
 
 def _stream_for(path: str) -> Recorded:
@@ -98,21 +106,21 @@ def _stream_for(path: str) -> Recorded:
 
 
 @contextmanager
-def replay_server(close: Close = "at_once", answer: Callable[[int, str], Recorded | bytes] | None = None,
+def replay_server(close: Close = "at_once", answer: Callable[[int, str, int], Recorded | bytes] | None = None,
                   chunk_gap_s: float = 0.0, metrics: list[str] | None = None) -> Iterator[ReplayServer]:
     """The replay server on a free 127.0.0.1 port, its event loop on a background thread.
 
-    ``answer(n, path)`` picks the n-th POST's response (default: the recorded stream for its path);
+    ``answer(n, path, in_flight)`` picks the n-th POST's response (default: the recorded stream for its path);
     ``chunk_gap_s`` is slept between a stream's events (0: as fast as the loop writes);
     ``metrics`` are served in turn by ``/metrics`` (the last one repeats; default the recorded idle text).
     """
     state = ReplayServer(metrics_texts=metrics or [fixture_text("metrics-idle.txt")])
-    pick = answer or (lambda n, path: _stream_for(path))
+    pick = answer or (lambda n, path, in_flight: _stream_for(path))
     loop = asyncio.new_event_loop()
     started = threading.Event()
     server_ref: list[asyncio.base_events.Server] = []
 
-    async def respond(writer: asyncio.StreamWriter, response: Recorded, keep_alive: bool) -> None:
+    async def respond(writer: asyncio.StreamWriter, response: Recorded) -> None:
         if not response.is_stream:
             body = response.body()
             connection = b"" if b"\r\nconnection:" in response.head.lower() else b"\r\nKeep-Alive: timeout=5, max=100"
@@ -144,18 +152,22 @@ def replay_server(close: Close = "at_once", answer: Callable[[int, str], Recorde
                     await reader.readexactly(length)
                 text_path = path.decode()
                 if method == b"GET":
-                    await respond(writer, _get(state, text_path), keep_alive=True)
+                    await respond(writer, _get(state, text_path))
                     if b"connection: close" in head.lower():
                         return
                     continue
                 n = state.num_posts
                 state.num_posts += 1
-                response = pick(n, text_path)
-                if response == DROP:
-                    state.num_closed_unanswered += 1
-                    return
-                assert isinstance(response, Recorded)
-                await respond(writer, response, keep_alive=close == "keep")
+                state.num_in_flight += 1
+                try:
+                    response = pick(n, text_path, state.num_in_flight)
+                    if response == DROP:
+                        state.num_closed_unanswered += 1
+                        return
+                    assert isinstance(response, Recorded)
+                    await respond(writer, response)
+                finally:
+                    state.num_in_flight -= 1
                 if not response.is_stream or close == "keep":
                     if b"connection: close" in response.head.lower():
                         return

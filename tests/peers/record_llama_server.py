@@ -86,72 +86,76 @@ def main(binary: str, out: Path = OUT) -> None:
     port = free_port()
     argv = [binary, "-m", str(GGUF), "--metrics", "-a", MODEL, "-t", "2", "-np", "4", "-kvu", "-c", "512",
             "--host", "127.0.0.1", "--port", str(port)]
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(120):
-            try:
-                get(port, "/health")
-                break
-            except OSError:
-                time.sleep(0.5)
-        (out / "command.json").write_text(json.dumps({"argv": [Path(binary).name, *argv[1:]]}, indent=1) + "\n")
-        for name, path in (("models.json", "/v1/models"), ("props.json", "/props"), ("slots-idle.json", "/slots"),
-                           ("metrics-idle.txt", "/metrics")):
-            (out / name).write_bytes(get(port, path))
-        closed = {}
-        completion = {"model": MODEL, "prompt": "Tell me a story about a cat.", "max_tokens": 8, "stream": True,
-                      "stream_options": {"include_usage": True}, "ignore_eos": True}
-        data, closed["completions"] = raw_exchange(port, "POST", "/v1/completions", completion)
-        (out / "stream-completions.http").write_bytes(data)
-        chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True}
-        data, closed["chat"] = raw_exchange(port, "POST", "/v1/chat/completions", chat)
-        (out / "stream-chat.http").write_bytes(data)
-        data, closed["models"] = raw_exchange(port, "GET", "/v1/models")
-        too_long = {**completion, "prompt": " ".join(["hello"] * 600)}
-        data, closed["error"] = raw_exchange(port, "POST", "/v1/completions", too_long)
-        (out / "error-too-long.http").write_bytes(data)
-        (out / "closed-after-stream.json").write_text(json.dumps(closed, indent=1) + "\n")
-        # Four requests of 100 prompt + 200 output tokens outgrow the 512-token pool they share.
-        long = {**completion, "prompt": " ".join(["hello"] * 100), "max_tokens": 200}
-        results: list[bytes] = []
-        threads = [threading.Thread(target=lambda: results.append(raw_exchange(port, "POST", "/v1/completions",
-                                                                               long)[0])) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        # NOTE: the scrape with the most requests in slots, while they run (the gauges are instantaneous).
-        scrapes = []
-        for _ in range(12):
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _record(port, out, binary, argv)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def _record(port: int, out: Path, binary: str, argv: list[str]) -> None:
+    """Every recording of the module docstring, from the server listening on ``port``."""
+    for _ in range(120):
+        try:
+            get(port, "/health")
+            break
+        except OSError:
             time.sleep(0.5)
-            scrapes.append(get(port, "/metrics"))
-        busiest = max(scrapes, key=_num_processing)
-        (out / "metrics-busy.txt").write_bytes(busiest)
-        (out / "slots-busy.json").write_bytes(get(port, "/slots"))
-        for thread in threads:
-            thread.join()
-        exhausted = [r for r in results if b"Context size has been exceeded" in r]
-        if not exhausted:
-            raise RuntimeError("no request ran out of the shared KV pool; the fixture was not recorded")
-        (out / "stream-kv-exhausted.http").write_bytes(exhausted[0])
-        (out / "metrics-after.txt").write_bytes(get(port, "/metrics"))
-        # Six short requests on four slots: two wait for a slot (requests_deferred).
-        short = {**completion, "max_tokens": 48}
-        threads = [threading.Thread(target=raw_exchange, args=(port, "POST", "/v1/completions", short))
-                   for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        scrapes = []
-        for _ in range(8):
-            time.sleep(0.25)
-            scrapes.append(get(port, "/metrics"))
-        (out / "metrics-deferred.txt").write_bytes(max(scrapes, key=lambda t: _gauge(t, "requests_deferred")))
-        for thread in threads:
-            thread.join()
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+    (out / "command.json").write_text(json.dumps({"argv": [Path(binary).name, *argv[1:]]}, indent=1) + "\n")
+    for name, path in (("models.json", "/v1/models"), ("props.json", "/props"), ("slots-idle.json", "/slots"),
+                       ("metrics-idle.txt", "/metrics")):
+        (out / name).write_bytes(get(port, path))
+    closed = {}
+    completion = {"model": MODEL, "prompt": "Tell me a story about a cat.", "max_tokens": 8, "stream": True,
+                  "stream_options": {"include_usage": True}, "ignore_eos": True}
+    data, closed["completions"] = raw_exchange(port, "POST", "/v1/completions", completion)
+    (out / "stream-completions.http").write_bytes(data)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    data, closed["chat"] = raw_exchange(port, "POST", "/v1/chat/completions", chat)
+    (out / "stream-chat.http").write_bytes(data)
+    data, closed["models"] = raw_exchange(port, "GET", "/v1/models")
+    too_long = {**completion, "prompt": " ".join(["hello"] * 600)}
+    data, closed["error"] = raw_exchange(port, "POST", "/v1/completions", too_long)
+    (out / "error-too-long.http").write_bytes(data)
+    (out / "closed-after-stream.json").write_text(json.dumps(closed, indent=1) + "\n")
+    # Four requests of 100 prompt + 200 output tokens outgrow the 512-token pool they share.
+    long = {**completion, "prompt": " ".join(["hello"] * 100), "max_tokens": 200}
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(raw_exchange(port, "POST", "/v1/completions",
+                                                                           long)[0])) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    # NOTE: the scrape with the most requests in slots, while they run (the gauges are instantaneous).
+    scrapes = []
+    for _ in range(12):
+        time.sleep(0.5)
+        scrapes.append(get(port, "/metrics"))
+    busiest = max(scrapes, key=_num_processing)
+    (out / "metrics-busy.txt").write_bytes(busiest)
+    (out / "slots-busy.json").write_bytes(get(port, "/slots"))
+    for thread in threads:
+        thread.join()
+    exhausted = [r for r in results if b"Context size has been exceeded" in r]
+    if not exhausted:
+        raise RuntimeError("no request ran out of the shared KV pool; the fixture was not recorded")
+    (out / "stream-kv-exhausted.http").write_bytes(exhausted[0])
+    (out / "metrics-after.txt").write_bytes(get(port, "/metrics"))
+    # Six short requests on four slots: two wait for a slot (requests_deferred).
+    short = {**completion, "max_tokens": 48}
+    threads = [threading.Thread(target=raw_exchange, args=(port, "POST", "/v1/completions", short))
+               for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    scrapes = []
+    for _ in range(8):
+        time.sleep(0.25)
+        scrapes.append(get(port, "/metrics"))
+    (out / "metrics-deferred.txt").write_bytes(max(scrapes, key=lambda t: _gauge(t, "requests_deferred")))
+    for thread in threads:
+        thread.join()
 
 
 if __name__ == "__main__":
