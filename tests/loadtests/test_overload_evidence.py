@@ -19,7 +19,7 @@ import pytest
 
 from loadtests.cli import main
 from loadtests.client_table import load_client_requests
-from probes.run_dir import CLIENT_TABLE, DIAGNOSIS_NAME, RunDirectory
+from probes.run_dir import CLIENT_TABLE, DIAGNOSIS_NAME, REPORT_NAME, RunDirectory
 from probes.schemas import CLIENT_REQUESTS
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
 from reports.diagnosis import diagnose
@@ -61,6 +61,8 @@ def test_context_exhaustion_that_comes_with_the_load_reads_as_cache(kv_run) -> N
     assert failures["read_as"].startswith("overload") and "single-stream reference" in failures["read_as"]
     assert "out of context or KV cache; read as overload: evidence of the server's limit" in console
     assert "bottleneck: cache" in console
+    page = (out / REPORT_NAME).read_text(encoding="utf-8")
+    assert 'id="failures"' in page and "read as overload" in page and 'id="retried"' in page
     reference = RunDirectory(out).load(SINGLE_STREAM_NAME, SingleStream)
     assert reference is not None and reference.num_failed == 0 and reference.tpot_p50_s is not None
     # llama-server's own evidence came with it: its names, its slots (/props), its busy slots per decode.
