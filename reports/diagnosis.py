@@ -80,7 +80,8 @@ ENGINE_FINDINGS = (
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 # NOTE: failures read as overload (reports.health) are direct evidence: they come before the queue's.
 OVERLOAD_FINDINGS = (Finding("cache", all_of=("overload_context",)),
-                     Finding("batching", all_of=("overload_refused",), support=("server_queue", "server_slots_busy")))
+                     Finding("batching", all_of=("overload_refused",), support=("server_queue", "server_slots_busy",
+                                                                                 "server_wait_before_prompt")))
 METRICS_FINDINGS = (
     Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
@@ -88,7 +89,7 @@ METRICS_FINDINGS = (
     # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
     # preemption and KV findings above are the ones that would name memory.
     Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
-            support=("few_streams_decoding", "server_slots_busy")),
+            support=("few_streams_decoding", "server_slots_busy", "server_wait_before_prompt")),
     Finding("execution", all_of=("slower_than_optimized",)),
     Finding("execution", all_of=("tpot_over_single_stream", "server_queue_absent"), support=("streams_all_decoding",)),
 )

@@ -9,6 +9,9 @@ reports.health's call; these rules read a point already judged.
 Compute saturation from outside: every request decoding (nothing deferred, the slots busy) and each
 stream at least ``SATURATED_TPOT_RATIO`` times slower than one stream alone in the same run: the work
 of the batch itself fills the device, and only a cheaper step (or more devices) serves more.
+
+What a server says of its own slots backs a seat limit up: llama-server's slot count (``/props``) against
+its requests in a slot, and its per-request timings (the wait before it began the prompt).
 """
 
 from __future__ import annotations
@@ -127,6 +130,29 @@ class ServerSlotsBusy(Rule):
             return "the server reports no slot count"
         return (f"{num(p.mean_running)} of its {info.num_slots} slots busy on average ({pct(value)}), "
                 f"{num(p.mean_waiting)} requests deferred")
+
+
+@register
+class ServerWaitBeforePrompt(Rule):
+    name = "server_wait_before_prompt"
+    bottleneck = "batching"
+    threshold = 0.5
+    why = ("The server's own timings (llama.cpp's ``timings`` in each stream's last chunk) say how long it spent on "
+           "the prompt; the rest of the time to first token the request waited before the server began it (for a "
+           "slot, or in its queue). Half or more of the median TTFT spent waiting: requests wait for a seat.")
+
+    def value(self, facts: Facts) -> float | None:
+        c = facts.client
+        if c is None or not c.wait_before_prompt_s or not c.ttft_s or not c.ttft_s["p50"]:
+            return None
+        return c.wait_before_prompt_s["p50"] / c.ttft_s["p50"]
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        c = facts.client
+        if value is None or c is None or not c.wait_before_prompt_s or not c.ttft_s:
+            return "the server sent no timings of its own"
+        return (f"median {c.wait_before_prompt_s['p50'] * 1000:.0f} ms before the server began the prompt, of a "
+                f"median TTFT of {c.ttft_s['p50'] * 1000:.0f} ms ({pct(value)})")
 
 
 def overload_lever(deciding: list[Evidence], facts: Facts) -> tuple[str, str] | None:
