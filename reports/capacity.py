@@ -124,6 +124,7 @@ class Capacity:
     past_knee_users: int | None = None  # the point past the capacity where its limit binds
     serial_gain: float | None = None  # the best throughput at more than 1 user / at 1
     max_decoding_streams: float | None = None  # the most streams decoding at once (time-averaged) at any point
+    failed_at_users: int | None = None  # where requests began to fail from overload (the search stopped there)
     queue_share_past_knee: float | None = None  # decoding streams / open requests past the knee
     tokens: TokensExperiment | None = None
     probed: bool = False  # the engine's probes watched the search, so they tell the limit
@@ -225,7 +226,7 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       goodput=chosen.goodput if chosen else None, method=method, reason=reason, limit=None,
                       limit_evidence="", knee=knee, points=cps, stopped=search.stopped,
                       slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {},
-                      probed=search.probed)
+                      probed=search.probed, failed_at_users=(search.failed_at or {}).get("users"))
     by_users = {p.users: p for p in rated}
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
     streams = [p.decoding_streams for p in cps if p.decoding_streams is not None]
@@ -354,16 +355,17 @@ def single_stream(point: CapacityPoint | None, points: list[RunDataset], search:
 
 
 def capacity_focus(capacity: Capacity, measures: list[PointMeasures]) -> int:
-    """Index of the point the verdict is read at: the first one past the capacity, where its limit binds
-    (at the capacity itself it only starts to), else the capacity point, else the heaviest."""
+    """Index of the point the verdict is read at (see :func:`focus_users`): past the capacity, where its limit
+    binds (at the capacity itself it only starts to)."""
     users = [int(m.concurrency or 0) for m in measures]
     return users.index(focus_users(capacity, users))
 
 
 def focus_users(capacity: Capacity, users: list[int]) -> int:
-    """Of the measured ``users`` (in order of users), the point the verdict is read at: the first one past
-    the capacity, else the capacity point, else the heaviest."""
-    for wanted in (capacity.past_knee_users, capacity.concurrency):
+    """Of the measured ``users`` (in order of users), the point the verdict is read at: where requests began to
+    fail from overload (their failures say which limit), else the first one past the capacity, else the
+    capacity point, else the heaviest."""
+    for wanted in (capacity.failed_at_users, capacity.past_knee_users, capacity.concurrency):
         if wanted is not None and wanted in users:
             return wanted
     return users[-1]
