@@ -119,3 +119,23 @@ def test_failures_that_say_the_run_is_broken_are_no_verdict_whatever_the_load(tm
 ])
 def test_each_failure_is_read_by_its_kind(status: int, error: str, kind: str) -> None:
     assert failure_kind(status, error) == kind
+
+
+def _kv_over_two(n: int, path: str, in_flight: int):
+    return recorded("stream-kv-exhausted.http" if in_flight > 2 else "stream-completions.http")
+
+
+@pytest.mark.slow
+def test_a_capacity_search_stops_where_overload_begins_and_reads_its_failures(tmp_path) -> None:
+    out = tmp_path / "search"
+    with replay_server(close="at_once", answer=_kv_over_two, chunk_gap_s=0.02) as server:
+        code = main(["load", "--target", server.url, "--duration", "2", "--warmup", "0", "--tokenizer", "dummy:tiny",
+                     "--workload", "fixed", "--max-tokens", "8", "--stop-timeout", "10", "--max-users", "8",
+                     "--out", str(out)])
+    assert code == 0
+    search = json.loads((out / "capacity.json").read_text())
+    assert search["failed_at"]["users"] == 4 and "out of context or KV cache" in search["failed_at"]["why"]
+    assert "overload is the limit" in search["stopped"] and max(search["order"]) == 4
+    diagnosis = _diagnosis(out)
+    assert diagnosis["label"] == "users-4" and diagnosis["bottleneck"] == "cache"
+    assert diagnosis["deciding"] == ["overload_context"]
