@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.target import discover_target, probe_request
-from tests.peers.llama_build import CACHE as LLAMA_SERVER_CACHE
 
 GGUF = Path.home() / ".cache" / "servescope" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TF_ENV = Path(os.environ.get("PEERS_TF", "/work/peers/tf"))
@@ -82,7 +81,9 @@ def servers(ours_variants: dict[str, str]) -> dict[str, Server]:
                          "--port", "{port}"],
                         None, [str(LLAMA_ENV / "bin" / "python"), "-c", "import llama_cpp; print(llama_cpp.__version__)"]),
     }
-    llama_server = os.environ.get("SERVESCOPE_LLAMA_SERVER") or str(LLAMA_SERVER_CACHE / "build" / "bin" / "llama-server")
+    # NOTE: where tests/peers/llama_build.py caches its build (this file runs as a script: it cannot import it).
+    llama_server = os.environ.get("SERVESCOPE_LLAMA_SERVER") or str(
+        Path.home() / ".cache" / "servescope" / "llama-server" / "11434.0.0" / "build" / "bin" / "llama-server")
     known["llama-server"] = Server(
         "llama-server", "llama.cpp llama-server (Q4_1, -t 2, -np 16)",
         [llama_server, "-m", str(GGUF), "--metrics", "-a", "smollm2-135m", "-t", "2", "-np", "16", "--host", "127.0.0.1",
