@@ -3,6 +3,7 @@ any answer costs one retry on a fresh connection, never a failure; a fresh conne
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 
@@ -68,3 +69,31 @@ def test_an_error_answer_is_read_whole_and_its_connection_not_kept() -> None:
         assert status == 400 and "exceed_context_size_error" in text
         assert _stream(client)[0] == 400
     assert client.num_connections == 2  # llama-server answers errors with Connection: close
+
+
+def test_probes_and_scrapers_hold_no_connection_between_uses(tmp_path) -> None:
+    # A server that drops any request sent on a connection it already answered on: only fresh connections work.
+    from loadtests.execution_reference import http_target_step
+    from loadtests.plan import PlannedRequest, write_plan
+    from loadtests.single_stream import measure_single_stream
+    from loadtests.target import discover_target, probe_request
+    from probes.prometheus import PrometheusProbe
+    from probes.run_dir import PLAN_NAME, RunDirectory
+    from probes.server_info import fetch_server_info
+
+    with replay_server(close="after_next_request") as server:
+        target = discover_target(server.url)
+        for _ in range(2):
+            assert probe_request(target, "completions", ignore_eos=True).status_code == 200
+            assert fetch_server_info(server.url).num_slots == 4
+        probe = PrometheusProbe(RunDirectory.create(tmp_path / "scrapes"), target.metrics_url or "")
+        for _ in range(3):
+            probe._sample()
+        write_plan(tmp_path / PLAN_NAME, [PlannedRequest(i, "Hi", 1, 8) for i in range(3)])
+        reference = measure_single_stream(tmp_path, target, "completions", ignore_eos=True)
+        step = http_target_step(server.url, target.model)(1, 4)
+        for _ in range(2):
+            with contextlib.suppress(ValueError):  # a replayed stream comes in one burst: answered, but untimed
+                step()
+        assert reference.num_failed == 0 and len(reference.tpot_s) == 3
+    assert server.num_closed_unanswered == 0
