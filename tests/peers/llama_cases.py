@@ -96,16 +96,16 @@ def run_one(binary: Path, run: Run, out: Path) -> dict[str, Any]:
             stop(proc)
     (out / "load.log").write_text(done.stdout + done.stderr)
     diagnosis = json.loads((out / "run" / "diagnosis.json").read_text())
-    summary = json.loads((out / "run" / "summary.json").read_text())["points"][0]["client"]
+    summary = json.loads((out / "run" / "summary.json").read_text())["points"][0]["client"] or {}
     deciding = [e for e in diagnosis["evidence"] if e["name"] in diagnosis["deciding"]]
     return {"command": shlex.join([binary.name, *command[1:]]), "users": run.users, "returncode": done.returncode,
             "wall_s": round(wall_s, 1), "bottleneck": diagnosis["bottleneck"], "summary": diagnosis["summary"],
             "deciding": [f"{e['name']}: {e['summary']}" for e in deciding],
             "deciding_names": diagnosis["deciding"], "metrics_read": diagnosis["metrics"].get("metrics_read"),
             "failures": (diagnosis["metrics"].get("failures") or {}),
-            "num_requests": summary["num_requests"], "num_failed": summary["num_failed"],
+            "num_requests": summary.get("num_requests"), "num_failed": summary.get("num_failed"),
             "num_retried": summary.get("num_retried"), "tpot_p50_ms": 1000 * summary["tpot_s"]["p50"]
-            if summary.get("tpot_s") else None, "output_tok_s": summary["output_throughput"]}
+            if summary.get("tpot_s") else None, "output_tok_s": summary.get("output_throughput")}
 
 
 def is_right(run: Run, result: dict[str, Any]) -> bool:
