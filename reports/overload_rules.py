@@ -27,6 +27,8 @@ MEMORY_KINDS = ("context_full",)
 SATURATED_TPOT_RATIO = 2.0
 # Of the requests open at once, at least this share decoding: none wait for a seat.
 ALL_DECODING_SHARE = 0.8
+# The server's requests in a slot over its slot count, averaged over the scrapes: every slot busy.
+SLOTS_BUSY = 0.9
 
 
 class _OverloadRule(Rule):
@@ -112,7 +114,7 @@ class StreamsAllDecoding(Rule):
 class ServerSlotsBusy(Rule):
     name = "server_slots_busy"
     bottleneck = "batching"
-    threshold = 0.9
+    threshold = SLOTS_BUSY
     why = ("The server's requests in a slot (llama.cpp requests_processing) against the slots it has (/props "
            "total_slots), averaged over the scrapes: at 90% or more every slot was busy, so a request that came "
            "then had to wait, or be turned away.")

@@ -68,6 +68,7 @@ def test_a_seat_limit_is_read_with_every_slot_busy() -> None:
     assert result.bottleneck == "batching" and {"server_queue", "server_queue_depth"} <= set(result.deciding)
     busy = next(e for e in result.evidence if e.name == "server_slots_busy")
     assert busy.passed and "2 of its 2 slots busy" in busy.summary
+    assert "llama-server -np 4" in result.lever and "every one of its 2 slots was busy" in result.summary
 
 
 def test_refusals_and_context_exhaustion_by_share() -> None:
