@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.workloads import check_workload_name, is_trace
+from loadtests.workloads.catalog import check_workload_name, is_trace
 
 APIS = ("completions", "chat")
 # Per-request latencies an SLO can bound, in seconds (see reports.measures.goodput).

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtests.config import LoadConfig
-from loadtests.workloads import ChatSessions, TokenizerLike, make_workload
+from loadtests.workloads.catalog import ChatSessions, TokenizerLike, make_workload
 
 # Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
 CHAT_TEMPLATE_MARGIN = 64

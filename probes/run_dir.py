@@ -15,7 +15,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
     workload.jsonl                the request plan (loadtests.plan)
     locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
     summary.json                  the measures of every point (reports.summary.RunSummary)
-    diagnosis.json, report.html   the verdict (reports.diagnosis.Diagnosis) and the page
+    diagnosis.json, report.html   the verdict (reports.verdict.diagnosis.Diagnosis) and the page
 
 A sweep directory holds ``sweep.json`` (:class:`SweepIndex`) and one run directory per point; an
 ablation directory holds ``ablation.json`` and one directory per variant.

@@ -89,7 +89,7 @@ class ClientMeasures:
     goodput: dict[str, Any] | None
     errors: dict[str, int] = dataclasses.field(default_factory=dict)  # the commonest failures, by message
     status_codes: dict[str, int] = dataclasses.field(default_factory=dict)  # of the failed requests
-    # Sent twice: the pooled connection closed before any answer (loadtests.stream_client); not failures.
+    # Sent twice: the pooled connection closed before any answer (loadtests.client.stream_client); not failures.
     num_retried: int = 0
     # The server's own timings (llama.cpp's ``timings``), when its streams carry them: its decode time per
     # token, and how long before the server began the prompt (TTFT less its prompt time: the wait for a slot).

@@ -18,13 +18,13 @@ import pyarrow as pa
 import pytest
 
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
+from loadtests.client.table import load_client_requests
 from probes.run_dir import CLIENT_TABLE, DIAGNOSIS_NAME, REPORT_NAME, RunDirectory
 from probes.schemas import CLIENT_REQUESTS
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
-from reports.diagnosis import diagnose
-from reports.evidence import NO_VERDICT
 from reports.failures import failure_kind
+from reports.verdict.diagnosis import diagnose
+from reports.verdict.evidence import NO_VERDICT
 from tests.loadtests.replay_server import fixture_text, recorded, replay_server
 
 LOAD = ["--users", "3", "--duration", "2", "--warmup", "0", "--tokenizer", "dummy:tiny", "--workload", "fixed",

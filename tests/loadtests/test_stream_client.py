@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from loadtests.stream_client import StreamClient
+from loadtests.client.stream_client import StreamClient
 from tests.loadtests.replay_server import DROP, recorded, replay_server
 
 BODY = json.dumps({"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 8, "stream": True}).encode()
@@ -73,10 +73,10 @@ def test_an_error_answer_is_read_whole_and_its_connection_not_kept() -> None:
 
 def test_probes_and_scrapers_hold_no_connection_between_uses(tmp_path) -> None:
     # A server that drops any request sent on a connection it already answered on: only fresh connections work.
-    from loadtests.execution_reference import http_target_step
     from loadtests.plan import PlannedRequest, write_plan
-    from loadtests.single_stream import measure_single_stream
-    from loadtests.target import discover_target, probe_request
+    from loadtests.run.execution_reference import http_target_step
+    from loadtests.run.single_stream import measure_single_stream
+    from loadtests.run.target import discover_target, probe_request
     from probes.prometheus import PrometheusProbe
     from probes.run_dir import PLAN_NAME, RunDirectory
     from probes.server_info import fetch_server_info

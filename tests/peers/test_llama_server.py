@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.peers.llama_build import llama_server_binary
-from tests.peers.llama_cases import CASES, is_right, run_one
-from tests.peers.llama_client_check import check_clients
+from studies.llama_build import llama_server_binary
+from studies.llama_cases import CASES, is_right, run_one
+from studies.llama_client_check import check_clients
 
 pytestmark = pytest.mark.llama
 

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 
 from probes.server_info import ServerInfo
-from reports.capacity import Capacity, is_serial
-from reports.diagnosis import decide
-from reports.evidence import Facts
+from reports.capacity.knee import KneeFit
+from reports.capacity.result import Capacity, is_serial
 from reports.failures import FailureCounts
-from reports.knee import KneeFit
 from reports.measures import ClientMeasures, PrometheusMeasures
+from reports.verdict.diagnosis import decide
+from reports.verdict.evidence import Facts
 
 NO_KNEE = KneeFit(None, None, None, None, None, None, False, "no knee")
 
