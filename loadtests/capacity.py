@@ -23,10 +23,9 @@ from rich.console import Console
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from probes.manifest import RunStatus
 from probes.peaks import MachinePeaks
-from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity.result import (
-    CAPACITY_NAME,
-    NO_QUEUE_SHARE,
+    UNQUEUED_DECODING_SHARE,
     CapacitySearch,
     capacity_result,
     focus_users,
@@ -246,7 +245,7 @@ def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
         return False
     if is_serial(capacity):
         return False
-    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < NO_QUEUE_SHARE
+    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
 
 
 def _write_index(out: Path, search: CapacitySearch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from loadtests.workloads.catalog import check_workload_name, is_trace
@@ -20,6 +21,8 @@ DEFAULT_MAX_USERS = 64
 # Where a Locust master listens for its workers by default (Locust's own port, every interface).
 DEFAULT_MASTER_BIND_HOST = "*"
 DEFAULT_MASTER_PORT = 5557
+# What every Locust process of a run loads (a master, its workers, a lone runner), as users run it with plain Locust.
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 # Seconds a master waits for its --expect-workers to join before it gives up.
 DEFAULT_WORKER_WAIT_S = 300.0
 

@@ -66,13 +66,15 @@ class RunHealth:
 
 def point_failures(data: RunDataset, measures: PointMeasures) -> tuple[str, FailureCounts | None]:
     """How one point's failures read: ``"ok"`` (none past ``MAX_FAILED_SHARE``, or no client rows), ``"overload"``
-    (past it, but of overload kinds, and some requests succeeded) or ``"broken"``; and the counts by kind."""
+    (past it, but of overload kinds) or ``"broken"``; and the counts by kind.
+
+    NOTE: a point where every request failed is overload too when they all failed of overload kinds
+    (llama-server's unified KV pool runs out for every sequence at once); whether a lighter load held
+    is run_health's call."""
     c = measures.client
     if c is None or c.num_requests == 0:
         return "ok", None
     counts = failure_counts(data.latencies)
-    if c.num_ok == 0:
-        return "broken", counts
     if c.num_failed <= MAX_FAILED_SHARE * c.num_requests:
         return "ok", counts
     return ("overload" if counts.num_broken <= MAX_FAILED_SHARE * c.num_requests else "broken"), counts
@@ -104,7 +106,7 @@ def run_health(points: list[RunDataset], measures: list[PointMeasures],
             health.failures[m.label] = {**counts.to_dict(), "read_as": _read_as(verdict, counts)}
         if verdict == "ok":
             held.append(m.label)
-        elif c.num_ok == 0:
+        elif verdict == "broken" and c.num_ok == 0:
             health.problems.append(f"{m.label}: every one of its {c.num_requests} requests failed")
         elif verdict == "broken":
             health.problems.append(f"{m.label}: {c.num_failed} of its {c.num_requests} requests failed "

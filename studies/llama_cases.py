@@ -69,9 +69,12 @@ CASES = {c.label: c for c in (
     Case("compute", "sixteen slots, sixteen users on 2 cores: every request decoding, each several times slower "
                     "than alone, nothing deferred",
          Run(("-np", "16"), 16, ("execution",), ("tpot_over_single_stream",)),
-         Run(("-np", "16"), 2, ("none",)), "fewer users: 2"),
-    Case("healthy", "eight slots, two users: nothing waits, each stream near its lone speed",
-         Run(("-np", "8"), 2, ("none",))),
+         Run(("-np", "16"), 1, ("none",)), "fewer users: 1"),
+    # NOTE: not two users: with these 128-token prompts on 2 cores, one stream's prompt stalls the other's decode and
+    # two users served 50-53 output tok/s against about 54 for one alone (2026-12-06): two already fill the device,
+    # and execution is their right reading.
+    Case("healthy", "eight slots, one user: nothing waits, the stream at its lone speed",
+         Run(("-np", "8"), 1, ("none",))),
 )}
 
 

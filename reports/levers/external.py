@@ -12,7 +12,7 @@ from probes.run_dir import RunDirectory
 from probes.server_info import SERVER_INFO_NAME, ServerInfo
 from reports.dataset import RunDataset
 from reports.levers.predictions import LeverPrediction, Predictions
-from reports.measures import metrics_adapter, prometheus_measures
+from reports.metric_adapters import metrics_adapter, prometheus_measures
 
 # lever -> (what it does, {server family: the flag to try}); {slots} and {ctx} are the server's own figures
 # where it reports them (llama-server's /props, server_info.json).

@@ -17,7 +17,7 @@ its requests in a slot, and its per-request timings (the wait before it began th
 from __future__ import annotations
 
 from reports.failures import KIND_WORDS
-from reports.verdict.evidence import Evidence, Facts, Rule, num, pct, register
+from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # A share of the point's requests failing from one kind of overload that is no accident.
 OVERLOAD_SHARE = 0.05
@@ -47,7 +47,6 @@ class _OverloadRule(Rule):
         return f"{pct(value)} of {f.num_requests} requests failed this way" + (f": {', '.join(found)}" if found else "")
 
 
-@register
 class OverloadRefused(_OverloadRule):
     name = "overload_refused"
     bottleneck = "batching"
@@ -57,7 +56,6 @@ class OverloadRefused(_OverloadRule):
            "longer queue, is the lever.")
 
 
-@register
 class OverloadContext(_OverloadRule):
     name = "overload_context"
     bottleneck = "cache"
@@ -67,7 +65,6 @@ class OverloadContext(_OverloadRule):
            "requests at once outgrew the server's cache, so memory for it is the lever.")
 
 
-@register
 class TpotOverSingleStream(Rule):
     name = "tpot_over_single_stream"
     bottleneck = "execution"
@@ -90,7 +87,6 @@ class TpotOverSingleStream(Rule):
                 f"stream alone: x{num(value)}")
 
 
-@register
 class StreamsAllDecoding(Rule):
     name = "streams_all_decoding"
     bottleneck = "execution"
@@ -110,7 +106,6 @@ class StreamsAllDecoding(Rule):
                 f"requests open ({pct(value)})")
 
 
-@register
 class ServerSlotsBusy(Rule):
     name = "server_slots_busy"
     bottleneck = "batching"
@@ -134,7 +129,6 @@ class ServerSlotsBusy(Rule):
                 f"{num(p.mean_waiting)} requests deferred")
 
 
-@register
 class ServerWaitBeforePrompt(Rule):
     name = "server_wait_before_prompt"
     bottleneck = "batching"

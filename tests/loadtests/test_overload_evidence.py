@@ -89,6 +89,19 @@ def test_refusals_as_busy_that_come_with_the_load_read_as_seats(tmp_path, kv_run
     assert "seats" in result.summary
 
 
+def test_every_request_out_of_context_at_the_load_is_still_cache(tmp_path, kv_run) -> None:
+    # llama-server's unified KV pool (-kvu -c 512) runs out for every sequence at once: not one request of the
+    # point succeeds, yet the single-stream reference after it held: the load found the limit.
+    out = tmp_path / "all"
+    shutil.copytree(kv_run[0], out)
+    rows = load_client_requests(out)
+    rows["is_ok"], rows["error"], rows["status_code"] = False, "Context size has been exceeded.", 200
+    RunDirectory(out).write_table(CLIENT_TABLE, pa.Table.from_pandas(rows, schema=CLIENT_REQUESTS,
+                                                                       preserve_index=False))
+    result = diagnose(out)
+    assert (result.bottleneck, result.deciding) == ("cache", ["overload_context"])
+
+
 def test_the_same_failures_at_one_user_too_are_no_verdict(tmp_path, kv_run) -> None:
     out = _rewritten(tmp_path, kv_run, "Context size has been exceeded.", 200)
     reference = RunDirectory(out).load(SINGLE_STREAM_NAME, SingleStream)

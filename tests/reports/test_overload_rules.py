@@ -11,7 +11,8 @@ from probes.server_info import ServerInfo
 from reports.capacity.knee import KneeFit
 from reports.capacity.result import Capacity, is_serial
 from reports.failures import FailureCounts
-from reports.measures import ClientMeasures, PrometheusMeasures
+from reports.measures import ClientMeasures
+from reports.metric_adapters import PrometheusMeasures
 from reports.verdict.diagnosis import decide
 from reports.verdict.evidence import Facts
 
