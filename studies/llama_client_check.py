@@ -1,11 +1,11 @@
 """Our load's client against llama-server, beside the official ``openai`` client, on the same server and prompts.
 
     flock /tmp/ss-cpu.lock python -m studies.llama_client_check OUT [--requests 1000] [--users 1,4,16,32]
-        [--slots 4] [--binary PATH]
+        [--slots 4] [--binary PATH] [--openai-retries 0,2]
 
 One llama-server (``-np SLOTS -t 2``, the bundled GGUF) serves every run. At each concurrency the ``openai``
 client (httpx) first sends REQUESTS streaming requests from that many threads sharing one client, twice: with
-its retries off (``max_retries=0``) and at its default (2); then ``servescope load --users N`` runs for the
+its retries off (``max_retries=0``) and at its default (2) (``--openai-retries``: which of the two); then ``servescope load --users N`` runs for the
 time the first took, with 15% more, so that it sends at least as many. Every request is the fixed workload's
 (128 prompt tokens, 8 output tokens, the same prompts). Counted: requests, failures by kind, and for servescope
 the requests sent again because their pooled connection closed before any answer (loadtests.client.stream_client).
@@ -90,7 +90,7 @@ def servescope_run(url: str, users: int, duration_s: float, out: Path) -> dict[s
 
 
 def check_clients(binary: Path, work: Path, num_requests: int = 1000, concurrencies: tuple[int, ...] = (1, 4, 16, 32),
-                  slots: int = 4) -> list[dict[str, Any]]:
+                  slots: int = 4, openai_retries: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
     """Each concurrency's counts for the openai client (retries off, default) and for servescope's load."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -106,12 +106,11 @@ def check_clients(binary: Path, work: Path, num_requests: int = 1000, concurrenc
             servescope_run(url, 1, 2, work / "prompts")
             prompts = [item.prompt for item in read_plan(work / "prompts" / "workload.jsonl")]
             for users in concurrencies:
-                no_retries = openai_run(url, prompts, num_requests, users, max_retries=0)
-                default = openai_run(url, prompts, num_requests, users, max_retries=2)
-                ours = servescope_run(url, users, max(no_retries["wall_s"], default["wall_s"]) * 1.15,
+                runs = {f"openai_{retries}_retries": openai_run(url, prompts, num_requests, users, max_retries=retries)
+                        for retries in openai_retries}
+                ours = servescope_run(url, users, max(r["wall_s"] for r in runs.values()) * 1.15,
                                       work / f"servescope-{users}")
-                rows.append({"users": users, "slots": slots, "openai_no_retries": no_retries,
-                             "openai_default_retries": default, "servescope": ours})
+                rows.append({"users": users, "slots": slots, **runs, "servescope": ours})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             stop(proc)
@@ -126,15 +125,20 @@ def main() -> int:
     parser.add_argument("--users", default="1,4,16,32")
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--binary", type=Path, default=None)
+    parser.add_argument("--openai-retries", default="0,2", help="the openai client's max_retries, one run each")
     args = parser.parse_args()
+    retries = tuple(int(r) for r in args.openai_retries.split(","))
     rows = check_clients(args.binary or llama_server_binary(), args.out, args.requests,
-                         tuple(int(u) for u in args.users.split(",")), args.slots)
-    print(f"\n| users ({args.slots} slots) | openai, retries off: failed / sent | openai, 2 retries: failed / sent | "
-          f"servescope load: failed / sent (sent again) |\n|---|---|---|---|")
+                         tuple(int(u) for u in args.users.split(",")), args.slots, retries)
+    heads = [f"openai, max_retries={r}: failed / sent (s)" for r in retries]
+    print(f"\n| users ({args.slots} slots) | {' | '.join(heads)} | servescope load: failed / sent (sent again) (s) |\n"
+          f"|{'---|' * (len(retries) + 2)}")
     for r in rows:
-        a, b, c = r["openai_no_retries"], r["openai_default_retries"], r["servescope"]
-        print(f"| {r['users']} | {a['num_failed']} / {a['num_requests']} | {b['num_failed']} / {b['num_requests']} | "
-              f"{c['num_failed']} / {c['num_requests']} ({c['num_retried']}) |")
+        c = r["servescope"]
+        cells = [f"{r[f'openai_{n}_retries']['num_failed']} / {r[f'openai_{n}_retries']['num_requests']} "
+                 f"({r[f'openai_{n}_retries']['wall_s']})" for n in retries]
+        print(f"| {r['users']} | {' | '.join(cells)} | {c['num_failed']} / {c['num_requests']} ({c['num_retried']}) "
+              f"({c['duration_s']}) |")
     return 0
 
 
