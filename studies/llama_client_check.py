@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -127,6 +128,8 @@ def main() -> int:
     parser.add_argument("--binary", type=Path, default=None)
     parser.add_argument("--openai-retries", default="0,2", help="the openai client's max_retries, one run each")
     args = parser.parse_args()
+    # NOTE: a timeout's SIGTERM ends the run through the finally blocks, so llama-server is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     retries = tuple(int(r) for r in args.openai_retries.split(","))
     rows = check_clients(args.binary or llama_server_binary(), args.out, args.requests,
                          tuple(int(u) for u in args.users.split(",")), args.slots, retries)
