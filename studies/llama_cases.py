@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +123,8 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--binary", type=Path, default=None, help="llama-server (default: built and cached)")
     args = parser.parse_args()
+    # NOTE: a timeout's SIGTERM ends the run through run_one's finally, so llama-server is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     binary = args.binary or llama_server_binary()
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                                "binary": str(binary), "load": LOAD, "runs": {}}
