@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
+from reports.failures import FailureCounts
 from reports.summary import RunSummary
 from reports.verdict.diagnosis import Diagnosis
 
@@ -23,6 +24,13 @@ def print_run(console: Console, measures: RunSummary, diagnosis: Diagnosis, out:
                           f"{point.accounting.to_dict()}")
         for warning in point.warnings:
             console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
+        if point.client is not None and point.client.num_retried:
+            console.print(f"{point.label}: {point.client.num_retried} requests were sent again on a fresh connection: "
+                          f"the server closed their pooled keep-alive connection before any answer (counted apart "
+                          f"in the client rows' num_retries, not as failures)", highlight=False)
+    for label, failures in (diagnosis.metrics.get("failures") or {}).items():
+        console.print(f"failures: {label}: {FailureCounts.from_dict(failures).describe()}; read as "
+                      f"{failures['read_as']}", highlight=False)
     if diagnosis.capacity is not None and diagnosis.has_verdict:
         from reports.html.capacity import headline  # NOTE: imported here: it pulls in plotly
 

@@ -47,6 +47,7 @@ from probes.run_dir import (
     SweepPoint,
 )
 from probes.schemas import TABLE_SCHEMAS
+from probes.server_info import SERVER_INFO_NAME, fetch_server_info
 
 if TYPE_CHECKING:
     from probes.session import ProbeSession
@@ -151,6 +152,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 
     def run_at(config: LoadConfig, run_dir: Path) -> None:
         session = start_external_probes(run_dir, target, config, dropped_fields=probe.dropped_fields)
+        RunDirectory(run_dir).save(SERVER_INFO_NAME, fetch_server_info(target.url, api_key))
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
@@ -181,11 +183,25 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
         return finish_run(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
-
     if reference:
+        if sweep is None:
+            take_single_stream(out, target, configs[0], console, api_key)
         time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
                        ignore_eos=configs[-1].ignore_eos)
     return finish_run(out, console)
+
+
+def take_single_stream(run_dir: Path, target: Target, config: LoadConfig, console: Console,
+                       api_key: str | None) -> None:
+    """After a one-point load: its first planned requests alone (``single_stream.json``), the lighter load its
+    TPOT and its failures are read against."""
+    from loadtests.run.single_stream import measure_single_stream
+
+    with console.status("timing a single stream after the load (the reference its TPOT and failures are read against)"):
+        reference = measure_single_stream(run_dir, target, config.api, config.ignore_eos, api_key)
+    tpot = reference.tpot_p50_s
+    console.print(f"single-stream reference: {reference.num_requests - reference.num_failed} of "
+                  f"{reference.num_requests} requests ok" + (f", TPOT {tpot * 1000:.1f} ms" if tpot else ""))
 
 
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
