@@ -1,7 +1,7 @@
 """The retest study: labelled scenarios, each diagnosed, its named lever pulled by ``--retest``, measured.
 
 Each scenario is ``servescope diagnose ... --retest 1`` through the real server and Locust. Run it
-alone on the machine (figures for README): ``flock /tmp/ss-cpu.lock python -m studies.retest_study
+alone on the machine (figures for docs/results.md): ``flock /tmp/ss-cpu.lock python -m studies.retest_study
 DIR [NAME ...]``; it prints one row per scenario (the lever named, predicted and measured gain, the
 prediction's error on output throughput, TTFT and TPOT, the step model's held-out error) and writes
 ``DIR/study.json``. ``tests/loadtests/test_retest_study.py`` (slow) holds the claims on one scenario.
