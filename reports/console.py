@@ -4,6 +4,7 @@ verdict with its deciding evidence; the same objects ``summary.json`` and ``repo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -44,7 +45,21 @@ def print_run(console: Console, measures: RunSummary, diagnosis: Diagnosis, out:
     evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
     for e in evidence:
         console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
+    print_best_lever(console, diagnosis.predictions)
     console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
+
+
+def print_best_lever(console: Console, predictions: dict[str, Any] | None) -> None:
+    """The run's last word: the lever predicted to gain most, its gain and its accuracy cost (or why none)."""
+    if not predictions:
+        return
+    best = predictions.get("best_lever")
+    if best is not None:
+        console.print(f"[bold]lever to pull:[/] {best['text']}", highlight=False)
+        console.print("  rerun with --retest to pull it under the same load and measure it against the prediction",
+                      highlight=False)
+    else:
+        console.print(f"[bold]levers:[/] {predictions.get('verdict')}", highlight=False)
 
 
 def summary_table(summary: RunSummary) -> Table:

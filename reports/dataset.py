@@ -176,8 +176,15 @@ class RunDataset:
             measured = self.client[~self.client["is_warmup"]]
             if len(measured):
                 ends = measured["end_time"].dropna()
-                end = float(ends.max()) if len(ends) else float(measured["send_time"].max())
-                return float(measured["send_time"].min()), end
+                if len(ends):
+                    return float(measured["send_time"].min()), float(ends.max())
+                # NOTE: no measured request finished (all in flight when the load stopped): the load's measured
+                # period, over which their tokens count by their progress
+                duration = float(self.load_config.get("duration_s") or 0.0)
+                start = float(self.client["send_time"].min()) + float(self.load_config.get("warmup_s") or 0.0)
+                if duration > 0:
+                    return start, start + duration
+                return float(measured["send_time"].min()), float(measured["send_time"].max())
         requests = self.frame("requests")
         if len(requests):
             ends = requests["finish_time"].dropna()

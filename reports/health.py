@@ -19,6 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from probes.manifest import RunStatus
 from reports.dataset import RunDataset
 from reports.failures import FailureCounts, failure_counts
@@ -26,6 +28,9 @@ from reports.summary import PointMeasures
 
 # Above this share of failed requests at any point, the run gets no verdict.
 MAX_FAILED_SHARE = 0.2
+# NOTE: how the client marks a request still in flight when the load stopped (loadtests.load_context): it was cut
+# off by the end of the point, not failed by the server; its tokens count by their progress (engine token times).
+CUT_OFF_PREFIX = "cancelled:"
 
 
 @dataclass(slots=True)
@@ -40,6 +45,8 @@ class RunHealth:
     # Every point with failures: its label -> its FailureCounts (as a dict) and how they were read.
     failures: dict[str, dict[str, Any]] = field(default_factory=dict)
     overloaded: list[str] = field(default_factory=list)  # points judged with their overload failures as evidence
+    num_cut_off: int = 0  # measured requests still in flight when the load stopped (not failures)
+    notes: list[str] = field(default_factory=list)  # what the verdict rests on instead of finished requests
 
     @property
     def can_judge(self) -> bool:
@@ -66,7 +73,8 @@ class RunHealth:
 
 def point_failures(data: RunDataset, measures: PointMeasures) -> tuple[str, FailureCounts | None]:
     """How one point's failures read: ``"ok"`` (none past ``MAX_FAILED_SHARE``, or no client rows), ``"overload"``
-    (past it, but of overload kinds) or ``"broken"``; and the counts by kind.
+    (past it, but of overload kinds) or ``"broken"``; and the counts by kind, of the requests that finished (the
+    ones the end of the load cut off are neither).
 
     NOTE: a point where every request failed is overload too when they all failed of overload kinds
     (llama-server's unified KV pool runs out for every sequence at once); whether a lighter load held
@@ -74,10 +82,11 @@ def point_failures(data: RunDataset, measures: PointMeasures) -> tuple[str, Fail
     c = measures.client
     if c is None or c.num_requests == 0:
         return "ok", None
-    counts = failure_counts(data.latencies)
-    if c.num_failed <= MAX_FAILED_SHARE * c.num_requests:
+    rows = data.latencies
+    counts = failure_counts(rows[~_is_cut_off(rows)])
+    if counts.num_failed <= MAX_FAILED_SHARE * counts.num_requests:
         return "ok", counts
-    return ("overload" if counts.num_broken <= MAX_FAILED_SHARE * c.num_requests else "broken"), counts
+    return ("overload" if counts.num_broken <= MAX_FAILED_SHARE * counts.num_requests else "broken"), counts
 
 
 def run_health(points: list[RunDataset], measures: list[PointMeasures],
@@ -97,14 +106,25 @@ def run_health(points: list[RunDataset], measures: list[PointMeasures],
             if m.server is None or m.server.num_steps == 0:
                 health.problems.append(f"{m.label}: no request was measured")
             continue
+        cut_off = num_cut_off(data)
+        num_failed = c.num_failed - cut_off
         health.num_requests += c.num_requests
-        health.num_failed += c.num_failed
+        health.num_failed += num_failed
+        health.num_cut_off += cut_off
         for code, n in c.status_codes.items():
             health.status_codes[code] = health.status_codes.get(code, 0) + n
         verdict, counts = point_failures(data, m)
         if counts is not None and counts.num_failed:
             health.failures[m.label] = {**counts.to_dict(), "read_as": _read_as(verdict, counts)}
-        if verdict == "ok":
+        if c.num_ok == 0 and num_failed == 0:
+            if m.server is not None and m.server.num_steps > 0:
+                health.notes.append(f"{m.label}: no measured request finished; its {cut_off} were still in flight "
+                                    f"when the load stopped, so they count by their progress (the tokens the engine "
+                                    f"streamed in the window)")
+            else:
+                health.problems.append(f"{m.label}: none of its {c.num_requests} requests finished before the load "
+                                       f"stopped, and no engine steps say what they did")
+        elif verdict == "ok":
             held.append(m.label)
         elif verdict == "broken" and c.num_ok == 0:
             health.problems.append(f"{m.label}: every one of its {c.num_requests} requests failed")
@@ -118,7 +138,7 @@ def run_health(points: list[RunDataset], measures: list[PointMeasures],
             health.problems.append(f"{m.label}: {counts.describe() if counts else ''}, and no lighter load of this "
                                    f"run held without them: failures at every load measured, not a limit the load "
                                    f"found")
-        if health.first_error is None and c.num_failed:
+        if health.first_error is None and num_failed:
             health.first_error = _first_error(data)
     return health
 
@@ -135,6 +155,17 @@ def _read_as(verdict: str, counts: FailureCounts) -> str:
 
 def _first_error(data: RunDataset) -> str | None:
     rows = data.latencies
-    failed = rows[~rows["is_ok"].astype(bool)].sort_values("start_time")
+    failed = rows[~rows["is_ok"].astype(bool) & ~_is_cut_off(rows)].sort_values("start_time")
     errors = failed["error"].dropna()
     return str(errors.iloc[0]) if len(errors) else None
+
+
+def _is_cut_off(rows: pd.DataFrame) -> pd.Series:
+    """Which client rows the end of the load cut off while in flight (see :data:`CUT_OFF_PREFIX`)."""
+    return ~rows["is_ok"].astype(bool) & rows["error"].fillna("").astype(str).str.startswith(CUT_OFF_PREFIX)
+
+
+def num_cut_off(data: RunDataset) -> int:
+    """The measured requests the end of the load cut off while in flight."""
+    rows = data.latencies
+    return int(_is_cut_off(rows).sum()) if len(rows) else 0

@@ -113,6 +113,14 @@ def _execution_lever(facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
                 f"the optimized path would remove {pct(path.value)} of each decode step ({p.run_path} "
                 f"{p.step_s[p.run_path] * 1000:.2f} ms -> {p.optimized_s * 1000:.2f} ms on the run's batch of "
                 f"{p.batch}, calibrated side by side before the load)")
+    busy = by_name.get("engine_busy")
+    if busy is not None and "host_overhead" not in by_name:
+        filled = by_name.get("batch_filled")
+        return ("make each step cheaper: a lower-precision dtype, quantized weights, the optimized path or a faster "
+                "device (each execution lever this device runs is timed on the model before the load and predicted "
+                "below, with its accuracy cost)",
+                f"the engine stepped {pct(busy.value)} of the window, its batch {pct(filled.value if filled else None)} "
+                f"of what it allows, and nobody waited for a seat or for memory: the work itself saturates it")
     outside = by_name.get("slower_than_optimized")
     if outside is not None and facts.execution_reference is not None:
         ref = facts.execution_reference

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.execution_paths import PathTiming, decode_shape
+from probes.execution_paths import OPTIMIZED, PathTiming, decode_shape
 from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, EXECUTION_REFERENCE_NAME, RunDirectory, json_safe
 from probes.server_info import SERVER_INFO_NAME, ServerInfo
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
@@ -81,6 +81,8 @@ ENGINE_FINDINGS = (
     Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
     Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
     Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
+    # NOTE: the engine saturated by its own work: busy, its batch well used, nobody held for a seat or memory
+    Finding("execution", all_of=("engine_busy", "no_seat_or_memory_wait", "batch_filled")),
 )
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
 # NOTE: failures read as overload (reports.health) are direct evidence: they come before the queue's.
@@ -204,7 +206,8 @@ def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | N
     the server measured before the load (the one measurement the predictions read too)."""
     calibration = directory.load(CALIBRATION_NAME, StepCalibration)
     shape = decode_shape(data.steps_in_window())
-    if calibration is None or shape is None or calibration.other_path is None:
+    # NOTE: an optimized run has no other path to time (eager is slower, not a lever): its own path is the timing
+    if calibration is None or shape is None or OPTIMIZED not in calibration.step_s:
         return None
     return calibration.path_timing(*shape)
 
@@ -316,6 +319,9 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
     diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
     diagnosis.capacity = capacity.to_dict() if capacity is not None else None
+    if health.notes:
+        diagnosis.metrics["health_notes"] = health.notes
+        diagnosis.summary = f"{diagnosis.summary} ({'; '.join(health.notes)})"
     if health.failures:
         diagnosis.metrics["failures"] = health.failures
     if len(points) > 1:

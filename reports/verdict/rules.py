@@ -29,6 +29,9 @@ RULES: tuple[Rule, ...] = (
     engine_rules.KvWaste(),
     engine_rules.HostOverhead(),
     engine_rules.OptimizedPathRemoves(),
+    engine_rules.EngineBusy(),
+    engine_rules.NoSeatOrMemoryWait(),
+    engine_rules.BatchFilled(),
     engine_rules.FarFromRoof(),
     # a server seen from outside: its /metrics, the client's timings, a sweep
     external_rules.ServerQueue(),
