@@ -2,8 +2,8 @@
 
 Why C and not torch: a decode step's attention over a paged cache, done with torch ops, gathers
 every sequence's blocks into a batch padded to its longest context and multiplies the padding too;
-at 15 sequences of mixed length on a 2-core CPU that was 81 ms of a 117 ms step (README, "Decode
-attention on CPU"). The kernel here reads each sequence's blocks in place, once. It is built with
+at 15 sequences of mixed length on a 2-core CPU that was 81 ms of a 117 ms step (docs/results.md,
+"The engine"). The kernel here reads each sequence's blocks in place, once. It is built with
 the machine's C compiler for the machine's own CPU (``-march=native``: the CPU differs between
 machines) and linked against the OpenMP runtime torch already loaded, so it runs on torch's threads.
 No compiler, or a failed build: :func:`cpu_kernels` says why and the engine keeps the torch path.

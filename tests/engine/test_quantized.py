@@ -97,7 +97,7 @@ def test_q4_1_codes_give_back_the_files_dequantized_weights(smollm2_loaded) -> N
         assert torch.equal(sources[name].groups().dequantize(), smollm2_loaded.state_dict[name])
 
 
-# Stated tolerances against HF float32 on the same GGUF (measured margins are in README): the top
+# Stated tolerances against HF float32 on the same GGUF (measured margins are in docs/results.md): the top
 # token of the last-position logits must agree on every prompt, and no logit may move by more than
 # MAX_LOGIT_ERROR; greedy continuations must agree on their first MIN_SAME_TOKENS tokens.
 QUANT_CASES = {
@@ -108,7 +108,7 @@ QUANT_CASES = {
 }
 
 
-# NOTE: quantized weights with float32 activations run torch's slow CPU path, the pairing README tells users
+# NOTE: quantized weights with float32 activations run torch's slow CPU path, the pairing docs/engine.md tells users
 # never to pick; their checks run with the slow tests, the recommended pairings in the default run.
 SLOW_CASES = {"int8", "int4"}
 
