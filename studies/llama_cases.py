@@ -27,7 +27,7 @@ from studies.llama_build import llama_server_binary
 from studies.servers import GGUF, free_port, stop, wait_ready
 
 ALIAS = "llama-smollm2"
-THREADS = ["-t", "2"]
+THREADS = 2  # -t: llama-server's threads, one per core of the 2-core box
 # Fixed requests, 128 prompt + 64 output tokens; 15 s measured after 3 s of warm-up.
 LOAD = ["--tokenizer", "smollm2-135m", "--workload", "fixed", "--max-tokens", "64", "--duration", "15",
         "--warmup", "3", "--stop-timeout", "60"]
@@ -79,12 +79,12 @@ CASES = {c.label: c for c in (
 )}
 
 
-def run_one(binary: Path, run: Run, out: Path) -> dict[str, Any]:
+def run_one(binary: Path, run: Run, out: Path, threads: int = THREADS) -> dict[str, Any]:
     """Start llama-server with ``run.flags``, load it, stop it; the verdict and the evidence it used."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     out.mkdir(parents=True, exist_ok=True)
-    command = [str(binary), "-m", str(GGUF), "--metrics", "-a", ALIAS, *THREADS, *run.flags,
+    command = [str(binary), "-m", str(GGUF), "--metrics", "-a", ALIAS, "-t", str(threads), *run.flags,
                "--host", "127.0.0.1", "--port", str(port)]
     log = out.parent / f"{out.name}.server.log"
     load = [sys.executable, "-m", "loadtests.cli", "load", "--target", url, "--users", str(run.users), *LOAD,
@@ -122,6 +122,8 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--binary", type=Path, default=None, help="llama-server (default: built and cached)")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help="llama-server -t (1 where other work shares the cores: -t 2 waits on a descheduled thread)")
     args = parser.parse_args()
     # NOTE: a timeout's SIGTERM ends the run through run_one's finally, so llama-server is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -130,7 +132,7 @@ def main() -> int:
                                "binary": str(binary), "load": LOAD, "runs": {}}
     for name in args.cases.split(","):
         for run_name, run in CASES[name].runs().items():
-            result = run_one(binary, run, args.out / run_name)
+            result = run_one(binary, run, args.out / run_name, args.threads)
             result["right"] = is_right(run, result)
             results["runs"][run_name] = result
             print(json.dumps({run_name: result}, indent=1), flush=True)

@@ -1,9 +1,9 @@
 """Our load's client against llama-server, beside the official ``openai`` client, on the same server and prompts.
 
     flock /tmp/ss-cpu.lock python -m studies.llama_client_check OUT [--requests 1000] [--users 1,4,16,32]
-        [--slots 4] [--binary PATH] [--openai-retries 0,2]
+        [--slots 4] [--binary PATH] [--openai-retries 0,2] [--threads 2]
 
-One llama-server (``-np SLOTS -t 2``, the bundled GGUF) serves every run. At each concurrency the ``openai``
+One llama-server (``-np SLOTS -t THREADS``, the bundled GGUF) serves every run. At each concurrency the ``openai``
 client (httpx) first sends REQUESTS streaming requests from that many threads sharing one client, twice: with
 its retries off (``max_retries=0``) and at its default (2) (``--openai-retries``: which of the two); then ``servescope load --users N`` runs for the
 time the first took, with 15% more, so that it sends at least as many. Every request is the fixed workload's
@@ -65,7 +65,8 @@ def openai_run(url: str, prompts: list[str], num_requests: int, users: int, max_
                     errors[f"{type(exc).__name__}" + (f" ({type(cause).__name__}: {cause})" if cause else "")] += 1
 
     started = time.time()
-    threads = [threading.Thread(target=user) for _ in range(users)]
+    # NOTE: daemon threads: a SIGTERM (a timeout) ends the run without waiting for the requests left.
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -91,12 +92,12 @@ def servescope_run(url: str, users: int, duration_s: float, out: Path) -> dict[s
 
 
 def check_clients(binary: Path, work: Path, num_requests: int = 1000, concurrencies: tuple[int, ...] = (1, 4, 16, 32),
-                  slots: int = 4, openai_retries: tuple[int, ...] = (0, 2)) -> list[dict[str, Any]]:
+                  slots: int = 4, openai_retries: tuple[int, ...] = (0, 2), threads: int = THREADS) -> list[dict[str, Any]]:
     """Each concurrency's counts for the openai client (retries off, default) and for servescope's load."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(binary), "-m", str(GGUF), "--metrics", "-a", ALIAS, *THREADS, "-np", str(slots),
+    command = [str(binary), "-m", str(GGUF), "--metrics", "-a", ALIAS, "-t", str(threads), "-np", str(slots),
                "--host", "127.0.0.1", "--port", str(port)]
     rows: list[dict[str, Any]] = []
     with (work / "llama-server.log").open("w") as log:
@@ -127,12 +128,13 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--binary", type=Path, default=None)
     parser.add_argument("--openai-retries", default="0,2", help="the openai client's max_retries, one run each")
+    parser.add_argument("--threads", type=int, default=THREADS, help="llama-server -t")
     args = parser.parse_args()
     # NOTE: a timeout's SIGTERM ends the run through the finally blocks, so llama-server is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     retries = tuple(int(r) for r in args.openai_retries.split(","))
     rows = check_clients(args.binary or llama_server_binary(), args.out, args.requests,
-                         tuple(int(u) for u in args.users.split(",")), args.slots, retries)
+                         tuple(int(u) for u in args.users.split(",")), args.slots, retries, args.threads)
     heads = [f"openai, max_retries={r}: failed / sent (s)" for r in retries]
     print(f"\n| users ({args.slots} slots) | {' | '.join(heads)} | servescope load: failed / sent (sent again) (s) |\n"
           f"|{'---|' * (len(retries) + 2)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import select
 
 import pytest
 
@@ -32,6 +33,17 @@ def test_a_pooled_connection_closed_before_any_answer_is_sent_again_once_on_a_fr
     assert client.num_retries == 5 and server.num_closed_unanswered == 5
     assert server.num_posts == 6  # the server saw each request once: the unanswered ones it never read
     assert client.num_connections == 6
+
+
+def test_an_idle_connection_the_server_already_closed_is_not_reused() -> None:
+    # llama-server closes after every stream: once its FIN has arrived, the next request goes out fresh, no retry.
+    with replay_server(close="at_once") as server:
+        client = StreamClient(server.url)
+        for _ in range(4):
+            assert _stream(client)[0] == 200
+            idle = client._idle[-1].sock  # noqa: SLF001 - wait for the server's FIN on the pooled connection
+            assert select.select([idle], [], [], 30.0)[0], "the server never closed the connection"
+    assert client.num_retries == 0 and client.num_connections == 4 and server.num_posts == 4
 
 
 def test_a_server_that_keeps_the_connection_is_reused_without_retries() -> None:
