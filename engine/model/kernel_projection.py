@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from engine.cpu_kernels.quant_pack import PackedWeight
 
 
-# From this many rows on, a step's bfloat16 GEMMs over a dense copy (oneDNN, AVX-512 BF16) beat the kernel on
-# SmolLM2-135M's projections: measured with tests/benchmarks/quant_gemm.py on a 2-core AMD EPYC (Zen 4,
-# AVX-512 VNNI and BF16), docs/notes-kernel.md. Below it the kernel is faster; float32 dense GEMMs never are.
+# From about this many rows on, a step's bfloat16 GEMMs over a dense copy (oneDNN, AVX-512 BF16) beat the
+# kernel on SmolLM2-135M's projections: `python -m studies.quant_gemm` on a 2-core AMD EPYC (AVX-512 VNNI and
+# BF16), docs/results.md. Below it the kernel is faster; float32 dense GEMMs never are.
 BF16_DENSE_FROM_ROWS = 32
 
 

@@ -155,6 +155,9 @@ def _cpu_flags() -> set[str]:
 RUNS_WITH = {"avx2-no-avx512": {"avx2", "fma", "f16c"}, "x86-64-baseline": set(),
              "amd-zen4": {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512vbmi"},
              "intel-sapphirerapids": {"avx512f", "avx512_vnni", "amx_tile", "avx512_fp16"}}
+# The code path each build takes: every variant of the C source is run where the CPU allows.
+ISA_OF = {"avx2-no-avx512": "avx2", "x86-64-baseline": "scalar", "amd-zen4": "avx512-vnni",
+          "intel-sapphirerapids": "avx512-vnni"}
 
 
 @needs_kernels
@@ -166,6 +169,7 @@ def test_every_cpu_target_builds_and_those_this_cpu_runs_give_the_same_numbers(t
     if not RUNS_WITH[target] <= _cpu_flags():
         pytest.skip(f"built {path.name}; this CPU lacks {sorted(RUNS_WITH[target] - _cpu_flags())} to run it")
     other = load_library(path)
+    assert other.isa == ISA_OF[target]
     x = _activations(6, 576, seed=21)
     for packed in _weights(GQA_QKV_ROWS, 576, seed=22):
         # NOTE: the same int16 activations and the same order of float operations per output in every build
