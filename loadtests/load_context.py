@@ -15,6 +15,7 @@ from typing import Any
 
 from loadtests.arrival import OpenLoopArrivals
 from loadtests.plan import PlannedRequest
+from loadtests.point_control import CONTROL_SLACK_S, PointControl
 from loadtests.records import ClientRecord, Clock, Journal
 from loadtests.sse import StreamTimer
 
@@ -54,12 +55,19 @@ class LoadContext:
     read_timeout_s: float
     stop_timeout_s: float
     is_trace: bool = False  # send each plan item once at its arrival_s (TraceUser)
+    # NOTE: a controlled point (loadtests.point_control) learns its window while it runs: warmup_s and
+    # duration_s are then only the caps its controller keeps to, and CONTROL_SLACK_S bounds a lost one.
+    is_controlled: bool = False
+    measure_from: float | None = None  # controlled: requests sent from then on are measured
+    stop_at: float | None = None  # controlled: users send nothing from then on
     clock: Clock = field(default_factory=Clock)
     start_time: float = 0.0
     num_sent: int = 0  # plan items taken (a chat session takes all its turns at once)
     num_started: int = 0  # requests sent: journaled, or still in flight
     num_active_users: int = 0
     num_failures_in_a_row: int = 0
+    num_chunks: int = 0  # content chunks received so far, in flight or done (the live token rate)
+    num_decoding: int = 0  # requests in flight past their first content chunk
     # NOTE: called by the worker's last user when the load reaches its deadline (see loadtests.locustfile).
     on_load_ended: Callable[[], None] = field(default=lambda: None)
     sessions: list[list[int]] = field(init=False)  # chat sessions' plan indices (see next_session)
@@ -82,7 +90,8 @@ class LoadContext:
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
                    warmup_s=options.ss_warmup, duration_s=duration_s, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
-                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace))
+                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace),
+                   is_controlled=bool(options.ss_controlled))
 
     @property
     def worker(self) -> str:
@@ -94,7 +103,11 @@ class LoadContext:
 
     @property
     def deadline(self) -> float:
-        return self.start_time + self.warmup_s + self.duration_s
+        """When users stop sending: the end of warm-up + duration, or a controlled point's ``stop_at``."""
+        if not self.is_controlled:
+            return self.start_time + self.warmup_s + self.duration_s
+        bound = self.start_time + self.warmup_s + self.duration_s + CONTROL_SLACK_S
+        return bound if self.stop_at is None else min(self.stop_at, bound)
 
     @property
     def num_trace_items(self) -> int:
@@ -107,7 +120,19 @@ class LoadContext:
         return math.isfinite(self.deadline)
 
     def is_warmup(self, t: float) -> bool:
+        if self.is_controlled:
+            return self.measure_from is None or t < self.measure_from
         return t < self.start_time + self.warmup_s
+
+    def apply(self, control: PointControl) -> None:
+        """Follow the window a controlled point's orchestrator decided (loadtests.point_control)."""
+        self.measure_from, self.stop_at = control.measure_from, control.stop_at
+
+    def progress(self) -> dict[str, int]:
+        """What the live token rate and steadiness are read from (loadtests.point_stop), cumulative or now."""
+        num_done = self.journal.num_records
+        return {"chunks": self.num_chunks, "in_flight": self.num_started - num_done, "decoding": self.num_decoding,
+                "done": num_done}
 
     def next_item(self) -> tuple[int, PlannedRequest]:
         """This worker's next request: ``(seq, planned request)``.
@@ -250,8 +275,18 @@ def _read_response(response: Any, ctx: LoadContext, record: ClientRecord, keep_t
         record.error = f"HTTP {record.status_code}: {(text or str(error or ''))[:300]}"
         return None
     timer = StreamTimer(ctx.api, keep_text)
-    for raw in response.iter_lines():
-        timer.feed(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, ctx.clock.now())
+    num_chunks = 0
+    try:
+        for raw in response.iter_lines():
+            timer.feed(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, ctx.clock.now())
+            if len(timer.timing.token_times) > num_chunks:
+                if num_chunks == 0:
+                    ctx.num_decoding += 1
+                ctx.num_chunks += len(timer.timing.token_times) - num_chunks
+                num_chunks = len(timer.timing.token_times)
+    finally:
+        if num_chunks:
+            ctx.num_decoding -= 1
     timing = timer.finish()
     record.request_id = timing.request_id
     record.first_token_time = timing.first_token_time

@@ -24,6 +24,7 @@ from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.locust_runner import run_locust
 from loadtests.plan import build_plan, write_plan
+from loadtests.point_stop import PointController
 from loadtests.progress import LoadProgress, summary_table
 from loadtests.server_process import ServerProcess
 from loadtests.summary import Summary, write_summary
@@ -44,6 +45,7 @@ from probes.run_dir import (
     SweepIndex,
     SweepPoint,
 )
+from reports.whole_table import print_whole
 
 if TYPE_CHECKING:
     from probes.session import ProbeSession
@@ -61,15 +63,27 @@ def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: Toke
                                max_model_len=target.max_model_len, num_planned_requests=len(plan),
                                started_at=time.time())
     directory.save(LOAD_NAME, info)
+    controller = PointController(config, run_dir) if config.stop_rule is not None else None
     with LoadProgress(console, config.point_name, run_dir, config.warmup_s, config.duration_s,
-                      target.metrics_url) as progress:
-        locust = run_locust(config, target.url, run_dir, target.model, on_tick=progress.tick, api_key=api_key)
+                      target.metrics_url, phase=controller.phase if controller is not None else None) as progress:
+
+        def tick(elapsed_s: float) -> None:
+            if controller is not None:
+                controller.tick()
+            progress.tick(elapsed_s)
+
+        try:
+            locust = run_locust(config, target.url, run_dir, target.model, on_tick=tick, api_key=api_key)
+        finally:
+            if controller is not None:
+                controller.finish()
         progress.tick(locust.wall_s)
     merge_journals(run_dir)
     roster = take_worker_roster(run_dir)
     directory.save(LOAD_NAME, dataclasses.replace(info, finished_at=time.time(), locust_returncode=locust.returncode,
                                                   locust_wall_s=locust.wall_s,
-                                                  workers=roster.workers if roster is not None else None))
+                                                  workers=roster.workers if roster is not None else None,
+                                                  window=controller.window.to_dict() if controller else None))
 
 
 def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], model: str, console: Console,
@@ -300,7 +314,7 @@ def _finish(out: Path, console: Console) -> Summary:
     except Exception as exc:  # noqa: BLE001 - the run itself is safe on disk; say how to retry
         raise ReportFailedError(f"the run in {out} is complete, but writing its report failed: "
                                 f"{type(exc).__name__}: {exc}; rerun `servescope report {out}`") from exc
-    console.print(summary_table(summary.measures))
+    print_whole(console, summary_table(summary.measures))
     for point in summary.measures.points:
         if not point.accounting.is_consistent:
             console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "

@@ -10,6 +10,7 @@ import pytest
 
 from loadtests.capacity import doubling_plateau, refine_points
 from loadtests.cli import main
+from loadtests.config import StopRule
 from loadtests.server_process import ServerProcess
 from tests.loadtests.test_diagnose import check_nothing_lost
 
@@ -39,6 +40,13 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"], ["--retest"],
                      ["--workload", "trace:sample-mooncake"]):
         assert not is_search(parse(*explicit)), explicit
+    # A search's points end by their interval (--warmup and --duration are caps); a single point keeps its
+    # fixed schedule unless asked; --interval 0 turns the rule off.
+    assert configs[0].stop_rule == StopRule(DIAGNOSE_DEFAULTS["search_interval"] / 100)
+    assert configs_from_args(parse("--interval", "0"), DIAGNOSE_DEFAULTS)[0][0].stop_rule is None
+    assert configs_from_args(parse("--users", "8"), DIAGNOSE_DEFAULTS)[0][0].stop_rule is None
+    assert configs_from_args(parse("--users", "8", "--interval", "10"), DIAGNOSE_DEFAULTS)[0][0].stop_rule == \
+        StopRule(0.1)
 
 
 def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
