@@ -7,8 +7,8 @@ about once a second and decides:
 
 - **steady**: the first cohort of a closed loop has been replaced (as many requests done as users:
   users that all started at once no longer move in step), and over the last ``STEADY_WINDOW_S`` the
-  token rate and the number of decoding requests each agree between the two halves within
-  ``STEADY_TOLERANCE``; or the warm-up cap is reached (the point says it never steadied);
+  token rate and the numbers of requests in flight and decoding each agree between the two halves
+  within ``STEADY_TOLERANCE``; or the warm-up cap is reached (the point says it never steadied);
 - **enough**: at least ``MIN_MEASURE_S`` measured and ``MIN_TURNOVERS`` times as many requests done
   in the window as users (fewer, and the batches of the interval would share their requests), and
   the batch-means interval of the token rate (:mod:`reports.throughput_interval`) within the target;
@@ -192,11 +192,13 @@ class PointMonitor:
         if self.users is not None and counts.done[-1] < self.users:
             return None
         rates = sub_window_rates(counts)
-        if not halves_agree(rates) or not halves_agree(counts.decoding[1:]):
+        # NOTE: in flight matters for an open loop (a server falling behind keeps more and more of them, as
+        # GuideLLM's over-saturation check reads it); a closed loop holds its users in flight by construction.
+        if not (halves_agree(rates) and halves_agree(counts.decoding[1:]) and halves_agree(counts.in_flight[1:])):
             return None
         cohort = f"{int(counts.done[-1])} requests done (the first {self.users} replaced), " if self.users else ""
-        return (f"steady after {known - start:.0f} s: {cohort}token rate and decoding requests within "
-                f"{STEADY_TOLERANCE:.0%} over the last {STEADY_WINDOW_S:g} s")
+        return (f"steady after {known - start:.0f} s: {cohort}token rate, requests in flight and decoding within "
+                f"{STEADY_TOLERANCE:.0%} between the halves of the last {STEADY_WINDOW_S:g} s")
 
     def _enough(self, progress: LiveProgress, known: float) -> str | None:
         assert self.window.measure_from is not None
