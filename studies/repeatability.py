@@ -53,8 +53,12 @@ class RunResult:
     output_tokens_per_s_low: float | None
     output_tokens_per_s_high: float | None
     verdict: str | None
+    verdict_at: str | None  # the point the verdict was read at
+    deciding: list[str]  # the evidence that decided it: "name value (comparison threshold)"
     capacity_reason: str
     points: dict[int, float]  # users -> output tok/s of every point the search measured
+    point_verdicts: dict[int, str | None]  # users -> each point's own verdict
+    other_cpu_cores: dict[int, float | None]  # users -> cores other processes took during the point's window
 
 
 def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: float, returncode: int) -> RunResult:
@@ -67,9 +71,16 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
                      capacity=c.get("concurrency"), capacity_low=interval.get("low"), capacity_high=interval.get("high"),
                      output_tokens_per_s=c.get("output_tokens_per_s"), output_tokens_per_s_low=rate.get("low"),
                      output_tokens_per_s_high=rate.get("high"), verdict=diagnosis.get("bottleneck"),
+                     verdict_at=diagnosis.get("label"),
+                     deciding=[f"{e['name']} {e['value']:.3g} ({e['comparison']} {e['threshold']:.3g})"
+                               for e in diagnosis.get("evidence", []) if e["name"] in diagnosis.get("deciding", [])
+                               and e.get("value") is not None and e.get("threshold") is not None],
                      capacity_reason=str(c.get("reason", "")),
                      points={int(p["users"]): p["output_tokens_per_s"] for p in c.get("points", [])
-                             if p.get("output_tokens_per_s") is not None})
+                             if p.get("output_tokens_per_s") is not None},
+                     point_verdicts={int(p["concurrency"]): p["bottleneck"]
+                                     for p in (diagnosis.get("metrics") or {}).get("points", [])},
+                     other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])})
 
 
 def spread(results: list[RunResult]) -> dict[str, Any]:
@@ -124,18 +135,23 @@ def results_table(results: list[RunResult], s: dict[str, Any], command: str) -> 
             f"{r.output_tokens_per_s:.1f} ({r.output_tokens_per_s_low:.1f}-{r.output_tokens_per_s_high:.1f})"
             if r.output_tokens_per_s_low is not None else f"{r.output_tokens_per_s:.1f}")
         table.add_row(str(r.run), r.started_utc, f"{r.wall_s / 60:.1f} min", f"{r.load_before:.2f}", capacity, rate,
-                      str(r.verdict))
+                      f"{r.verdict} at {r.verdict_at}: {'; '.join(r.deciding) or '-'}")
     return table
 
 
 def points_table(results: list[RunResult]) -> Table:
     grid = sorted({u for r in results for u in r.points})
-    table = Table(title="output tok/s of every point, by run")
+    table = Table(title="every point by run: output tok/s, the point's own verdict, other processes' cores")
     table.add_column("users", justify="right")
     for r in results:
         table.add_column(f"run {r.run}", justify="right")
     for u in grid:
-        table.add_row(str(u), *[f"{r.points[u]:.1f}" if u in r.points else "-" for r in results])
+        cells = []
+        for r in results:
+            other = r.other_cpu_cores.get(u)
+            cells.append("-" if u not in r.points else
+                         f"{r.points[u]:.1f} {r.point_verdicts.get(u)}" + (f" {other:.2f}" if other is not None else ""))
+        table.add_row(str(u), *cells)
     return table
 
 
