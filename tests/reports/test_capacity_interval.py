@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from reports.capacity import choose_users
 from reports.capacity_interval import capacity_interval
@@ -117,7 +118,7 @@ def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.Capacity
 
 
 def test_a_search_reports_its_capacity_with_both_intervals(tmp_path) -> None:
-    from reports.capacity_section import headline
+    from reports.capacity_section import capacity_figure, headline
 
     sharp = {u: 12.0 * u if u <= 8 else 96.0 + 0.5 * (u - 8) for u in (1, 2, 4, 8, 16, 32)}
     capacity = _capacity(_search_dir(tmp_path, sharp, 0.1, seed=1))
@@ -130,6 +131,9 @@ def test_a_search_reports_its_capacity_with_both_intervals(tmp_path) -> None:
         assert p.measured_s == 40.0 and p.output_tokens_per_s_interval is not None
     first = headline(capacity.to_dict())[0]
     assert f"8 concurrent users ({interval['low']}-{interval['high']})" in first and " ± " in first
+    measured = capacity_figure(capacity).data[0]  # the report's figure: each point with its interval as error bars
+    assert list(measured.error_y.array) == pytest.approx(
+        [p.output_tokens_per_s_interval["high"] - p.output_tokens_per_s for p in capacity.points])
 
 
 def test_a_search_whose_points_cannot_be_told_apart_names_no_capacity(tmp_path) -> None:
