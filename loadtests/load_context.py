@@ -6,8 +6,10 @@ holds the plan, this worker's share of it, the journal and the clock. Stdlib and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,10 +73,12 @@ class LoadContext:
     # NOTE: called by the worker's last user when the load reaches its deadline (see loadtests.locustfile).
     on_load_ended: Callable[[], None] = field(default=lambda: None)
     sessions: list[list[int]] = field(init=False)  # chat sessions' plan indices (see next_session)
+    _first_rng: random.Random = field(init=False, repr=False)  # first_share's draws
     num_sessions_taken: int = 0
 
     def __post_init__(self) -> None:
         self.sessions = _sessions(self.plan)
+        self._first_rng = random.Random(f"{self.seed}:{self.worker_index}:first")
         if not 0 <= self.worker_index < self.num_workers:
             raise ValueError(f"worker index {self.worker_index} is not below the number of workers "
                              f"{self.num_workers}; pass --ss-num-workers")
@@ -127,6 +131,20 @@ class LoadContext:
     def apply(self, control: PointControl) -> None:
         """Follow the window a controlled point's orchestrator decided (loadtests.point_control)."""
         self.measure_from, self.stop_at = control.measure_from, control.stop_at
+
+    def first_share(self) -> float | None:
+        """The share of its output a closed-loop user's first request asks for in a controlled point, drawn
+        uniformly (seeded); None otherwise.
+
+        NOTE: users that all start at once would otherwise move in step for several requests (same
+        lengths, ends on the same step, prefills all at once: multi-second stalls, then bursts), and a
+        window's throughput would depend on where it falls in that cycle. Cut at random, the first
+        requests end spread over a request's lifetime; every later request is sent as planned, and the
+        first ones are in the warm-up, which lasts until as many requests are done as there are users.
+        """
+        if not self.is_controlled or self.arrivals is not None or self.is_trace:
+            return None
+        return self._first_rng.random()
 
     def progress(self) -> dict[str, int]:
         """What the live token rate and steadiness are read from (loadtests.point_stop), cumulative or now."""
@@ -209,15 +227,18 @@ def request_body(model: str, api: str, prompt: str | list[int], max_tokens: int,
 
 def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
                  planned: tuple[int, PlannedRequest] | None = None,
-                 messages: list[dict[str, str]] | None = None) -> str | None:
+                 messages: list[dict[str, str]] | None = None, output_share: float | None = None) -> str | None:
     """Send the next planned request (or ``planned``: ``(seq, item)``), stream it, journal its row, and
     report it to Locust; returns the streamed text when ``messages`` (a chat history) was given
-    and the request succeeded, else None.
+    and the request succeeded, else None. ``output_share``: ask for that share of the item's output
+    tokens only (a closed-loop user's first request of a controlled point, :meth:`LoadContext.first_share`).
 
     ``client`` is the user's ``HttpSession``. The HTTP row's time is the whole exchange (send to
     finish chunk), not Locust's default of send to headers.
     """
     seq, item = planned if planned is not None else ctx.next_item()
+    if output_share is not None:
+        item = dataclasses.replace(item, max_tokens=max(1, math.ceil(item.max_tokens * output_share)))
     # NOTE: gevent's timers run on the event loop's cached clock and can fire a fraction of a
     # millisecond before the wall-clock time they were set for; a scheduled request is never sent early.
     while scheduled_time is not None and (early_s := scheduled_time - ctx.clock.now()) > 0:

@@ -99,3 +99,42 @@ def test_the_interval_it_reports_covers_the_true_rate_at_its_stated_rate() -> No
         assert reported is not None
         held += reported.low <= 100.0 <= reported.high
     assert held / num_points >= 0.92
+
+
+def _context(is_controlled: bool, rate: float | None = None, seed: int = 0):  # noqa: ANN202 - LoadContext
+    from loadtests.arrival import OpenLoopArrivals
+    from loadtests.load_context import LoadContext
+    from loadtests.plan import PlannedRequest
+    from loadtests.records import Journal
+
+    class Nowhere:
+        def write_line(self, line: str) -> None: ...
+
+        def close(self) -> None: ...
+
+    return LoadContext(plan=[PlannedRequest(0, "hi", 1, 64)], journal=Journal(Nowhere()), model="m",
+                       api="completions", worker_index=0, num_workers=1, warmup_s=20.0, duration_s=40.0,
+                       ignore_eos=True, arrivals=OpenLoopArrivals(rate, 1.0, 1) if rate else None, seed=seed,
+                       read_timeout_s=10.0, stop_timeout_s=10.0, is_controlled=is_controlled)
+
+
+def test_a_controlled_closed_loop_cuts_each_users_first_request_at_a_seeded_random_share() -> None:
+    shares = [_context(True).first_share() for _ in range(3)]
+    assert shares[0] == shares[1] == shares[2]  # seeded: the same point sends the same first requests
+    draws = [_context(True, seed=s).first_share() for s in range(200)]
+    assert all(0 <= d < 1 for d in draws) and 0.4 < float(np.mean(draws)) < 0.6  # spread over a lifetime
+    assert _context(False).first_share() is None  # a fixed schedule sends every request as planned
+    assert _context(True, rate=2.0).first_share() is None  # an open loop has no cohort to break up
+
+
+def test_a_controlled_point_follows_its_window_and_a_lost_orchestrator_is_bounded() -> None:
+    from loadtests.point_control import CONTROL_SLACK_S, PointControl
+
+    context = _context(True)
+    assert context.is_warmup(context.start_time + 100.0)  # no window yet: everything is warm-up
+    assert context.deadline == context.start_time + 20.0 + 40.0 + CONTROL_SLACK_S
+    context.apply(PointControl(measure_from=context.start_time + 5.0, stop_at=context.start_time + 30.0))
+    assert context.is_warmup(context.start_time + 4.9) and not context.is_warmup(context.start_time + 5.0)
+    assert context.deadline == context.start_time + 30.0
+    fixed = _context(False)
+    assert not fixed.is_warmup(fixed.start_time + 20.0) and fixed.deadline == fixed.start_time + 60.0
