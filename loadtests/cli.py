@@ -36,9 +36,9 @@ from loadtests.workloads import WORKLOADS, is_trace
 # a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
 # ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
-                     "search_duration": 40.0, "search_warmup": 20.0, "search_interval": 5.0}
+                     "search_duration": 30.0, "search_warmup": 15.0, "search_interval": 5.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
-                 "search_duration": 60.0, "search_warmup": 30.0, "search_interval": 5.0}
+                 "search_duration": 45.0, "search_warmup": 20.0, "search_interval": 5.0}
 # diagnose searches up to this many times the engine's seats (--max-num-seqs) unless --max-users says
 SEATS_MULTIPLE = 2
 # A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
