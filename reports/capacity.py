@@ -373,6 +373,9 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
                 if t.limit == "memory" else "the same number of requests kept decoding: a seat limit (max sequences)")
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
                          f"the decoding streams; {kind}")
+    if c.method == "undetermined":
+        return None, ("no capacity was named (its points cannot be told apart), so no point past it is read; the "
+                      "verdict is read at the heaviest point")
     if c.queue_share_past_knee is not None and c.probed:
         return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
                       f"queue; the engine's probes say why (the verdict, read at {c.past_knee_users} users)")
