@@ -55,6 +55,14 @@ def test_measuring_starts_once_the_first_cohort_is_replaced_and_the_rate_is_stea
     assert 10 <= opened <= 20  # after the climb and one cohort (8 requests of 60 tokens: about 5 s more)
 
 
+def test_a_rate_that_swings_by_its_noise_alone_is_steady() -> None:
+    # 16 users on 2 cores: the token rate swings from 0 to 190 tok/s second to second (prefills stall
+    # decodes), with no trend; halves that differ by that noise do not hold the window shut.
+    rng = np.random.default_rng(4)
+    monitor = _run(_stationary(rng, 60, 85.0, 0.65, phi=0.3), users=16)
+    assert monitor.window.is_steady, monitor.window.why_started
+
+
 def test_a_quiet_point_stops_once_its_interval_is_tight_and_a_noisy_one_at_its_cap() -> None:
     rng = np.random.default_rng(2)
     quiet = _run(_stationary(rng, 120, 100.0, 0.05), users=4)
