@@ -16,7 +16,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
 from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatchEngine
 from engine.model.projection import native_bf16_gemm
 from engine.weights import LoadedModel, load_model
-from loadtests.workloads import WORKLOADS, WorkItem, make_workload
+from loadtests.workloads.catalog import WORKLOADS, WorkItem, make_workload
 from reports.whole_table import print_whole
 
 # Each bench engine: how to build it from the shared config and the weights already in memory.

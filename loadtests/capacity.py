@@ -2,9 +2,9 @@
 
 Closed-loop users start at 1 and double until throughput has failed to rise ``MIN_RISE`` times
 over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the points around the last rise
-are filled in, so the knee fit (reports.knee) has points on both
+are filled in, so the knee fit (reports.capacity.knee) has points on both
 sides of it. When requests queue past the knee, the capacity point is rerun with
-``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity), which
+``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.result), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
 ``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
 be judged (reports.health) stops the search.
@@ -21,7 +21,9 @@ from rich.console import Console
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from probes.peaks import MachinePeaks
 from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
-from reports.capacity import (
+from reports.capacity.interval import RateInterval
+from reports.capacity.other_load import BUSY_CORES
+from reports.capacity.result import (
     CAPACITY_NAME,
     NO_QUEUE_SHARE,
     SERIAL_GAIN,
@@ -31,9 +33,7 @@ from reports.capacity import (
 )
 from reports.dataset import RunDataset
 from reports.health import run_health
-from reports.other_load import BUSY_CORES
 from reports.summary import point_measures
-from reports.throughput_interval import RateInterval
 
 # A doubling rises when its throughput is at least this many times that of the last point that rose,
 # once per doubling since that point (two doublings later, 1.15 ** 2): a slow creep over several
@@ -197,7 +197,7 @@ def overloaded_point(run_dir: Path) -> str | None:
     users wait for their first answer) and none ended before the window closed: each took longer than
     the whole point. Nothing failed, so the search is not broken; this load is past what it can judge.
     """
-    from loadtests.client_table import load_client_requests
+    from loadtests.client.table import load_client_requests
 
     try:
         rows = load_client_requests(run_dir)
@@ -213,7 +213,7 @@ def overloaded_point(run_dir: Path) -> str | None:
 
 def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
     """The point's throughput (and whether its SLO held); None when it cannot be judged."""
-    from reports.capacity import capacity_point
+    from reports.capacity.result import capacity_point
 
     data = RunDataset.load(run_dir)
     measures = point_measures(data)
@@ -235,7 +235,7 @@ def _was_overloaded(search: CapacitySearch, users: int) -> bool:
     return any(o["users"] == users for o in search.overloaded)
 
 
-def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.Capacity
+def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.result.Capacity
     points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
     return capacity_result(out, search, points, [point_measures(p) for p in points])
 

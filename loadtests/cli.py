@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtests.client.load_context import API_KEY_ENV
 from loadtests.config import (
     APIS,
     DEFAULT_MASTER_BIND_HOST,
@@ -28,9 +29,8 @@ from loadtests.config import (
     parse_sweep,
 )
 from loadtests.errors import RunFailedError
-from loadtests.load_context import API_KEY_ENV
-from loadtests.traces import SAMPLES, read_trace, trace_path
-from loadtests.workloads import WORKLOADS, is_trace
+from loadtests.workloads.catalog import WORKLOADS, is_trace
+from loadtests.workloads.traces import SAMPLES, read_trace, trace_path
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
 # a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
@@ -204,7 +204,7 @@ def _out_dir(args: argparse.Namespace, command: str) -> Path:
 def _cmd_load(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from loadtests.orchestrator import SearchOptions, run_load
+    from loadtests.run.orchestrator import SearchOptions, run_load
 
     configs, sweep = configs_from_args(args, LOAD_DEFAULTS)
     configs = with_master(configs, args)
@@ -223,7 +223,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from loadtests.orchestrator import run_diagnose
+    from loadtests.run.orchestrator import run_diagnose
 
     configs, sweep = configs_from_args(args, DIAGNOSE_DEFAULTS)
     out = _out_dir(args, "diagnose")
@@ -234,7 +234,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
                   f"-> {out}")
     try:
         if is_search(args):
-            from loadtests.orchestrator import SearchOptions, run_diagnose_search
+            from loadtests.run.orchestrator import SearchOptions, run_diagnose_search
 
             run_diagnose_search(configs[0], out, serve_argv(args), args.model, console,
                                 SearchOptions(diagnose_max_users(args)))
@@ -242,7 +242,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         if args.ablate:
             if sweep is not None:
                 raise ValueError("--ablate runs one load point per variant; drop --sweep")
-            from loadtests.orchestrator import run_ablation
+            from loadtests.run.orchestrator import run_ablation
 
             run_ablation(configs[0], out, serve_argv(args), args.model, console)
             return 0
@@ -325,7 +325,7 @@ def diagnose_max_users(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Both commands, and ``bench``, for :func:`main`."""
     from loadtests.bench import register as register_bench
-    from loadtests.worker import register_worker
+    from loadtests.client.worker import register_worker
 
     register_load(subparsers)
     register_diagnose(subparsers)

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.point_control import CONTROL_SLACK_S
-from loadtests.workloads import check_workload_name, is_trace
+from loadtests.client.point_control import CONTROL_SLACK_S
+from loadtests.workloads.catalog import check_workload_name, is_trace
 
 APIS = ("completions", "chat")
 # Per-request latencies an SLO can bound, in seconds (see reports.measures.goodput).

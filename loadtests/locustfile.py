@@ -1,6 +1,6 @@
 """Locust for OpenAI-compatible LLM servers: run by ``servescope load`` / ``diagnose``, or by plain Locust.
 
-The user classes (:mod:`loadtests.users`): ``LLMUser`` (closed loop), ``OpenLoopUser`` (seeded
+The user classes (:mod:`loadtests.client.users`): ``LLMUser`` (closed loop), ``OpenLoopUser`` (seeded
 arrivals), ``TraceUser`` (trace replay), ``ChatSessionUser`` (multi-turn chat). Each streams SSE
 and reports, besides the HTTP row, TTFT, ITL and TPOT as their own Locust rows (request type
 ``LLM``), and journals a client row per request. This file holds the ``--ss-*`` options and the
@@ -9,7 +9,7 @@ hooks that run a test: who builds the plan, where the rows go, how the run ends.
 Where the rows go: a lone Locust process (``--processes 1``) appends them to the run directory
 itself. A master's workers (``--processes N``, or ``servescope worker`` on other machines) get
 the plan from the master and send their rows back to it, which appends them to the same files
-(:mod:`loadtests.relay`, :mod:`loadtests.collector`); the worker needs nothing on its own disk.
+(:mod:`loadtests.client.relay`, :mod:`loadtests.client.collector`); the worker needs nothing on its own disk.
 
 How a run ends: users stop sending at the deadline (warm-up + duration) and finish what they have
 in flight; when a worker's last user is done, the run quits itself (a worker tells the master,
@@ -17,7 +17,7 @@ which quits once every worker has, or was lost). Locust's ``-t`` is only a safet
 NOTE: Locust's own quit after ``-t`` waits just 0.5 s for workers' last requests and its CSV
 writer a second; the waits below let the final stats reach the master and the CSVs first.
 
-Plain Locust (no plan: :mod:`loadtests.plain_run` builds the default workload and writes a run
+Plain Locust (no plan: :mod:`loadtests.run.plain_run` builds the default workload and writes a run
 directory, ``runs/locust-<timestamp>`` or ``--ss-run-dir``; closed-loop ``LLMUser`` unless
 ``--ss-rate R`` or ``OpenLoopUser`` is given; users send until Locust stops them)::
 
@@ -46,18 +46,18 @@ from locust.rpc import Message
 from locust.runners import STATE_RUNNING, STATE_SPAWNING, WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadtests import web_ui
-from loadtests.client_health import HealthSampler, health_path
-from loadtests.collector import WorkerCollector
-from loadtests.load_context import API_PATHS, LoadContext, worker_name
-from loadtests.plain_run import PlainRuns
+from loadtests.client import web_ui
+from loadtests.client.collector import WorkerCollector
+from loadtests.client.health import HealthSampler, health_path
+from loadtests.client.load_context import API_PATHS, LoadContext, worker_name
+from loadtests.client.point_control import CONTROL_MESSAGE, PointControl, read_control
+from loadtests.client.point_control import POLL_S as CONTROL_POLL_S
+from loadtests.client.records import Journal, LineFile, LineSink
+from loadtests.client.relay import HEALTH, PLAN_MESSAGE, REQUESTS, RowRelay, decode_plan
+from loadtests.client.users import CONTEXT_ATTRIBUTE, ChatSessionUser, LLMUser, OpenLoopUser, TraceUser
 from loadtests.plan import PlannedRequest, read_plan
-from loadtests.point_control import CONTROL_MESSAGE, PointControl, read_control
-from loadtests.point_control import POLL_S as CONTROL_POLL_S
-from loadtests.records import Journal, LineFile, LineSink
-from loadtests.relay import HEALTH, PLAN_MESSAGE, REQUESTS, RowRelay, decode_plan
-from loadtests.users import CONTEXT_ATTRIBUTE, ChatSessionUser, LLMUser, OpenLoopUser, TraceUser
-from loadtests.workloads import WORKLOADS
+from loadtests.run.plain_run import PlainRuns
+from loadtests.workloads.catalog import WORKLOADS
 from probes.run_dir import PLAN_NAME
 
 __all__ = ["ChatSessionUser", "LLMUser", "OpenLoopUser", "TraceUser"]  # NOTE: Locust finds its users here

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtests.config import LoadConfig
-from loadtests.workloads import ChatSessions, TokenizerLike, make_workload
+from loadtests.workloads.catalog import ChatSessions, TokenizerLike, make_workload
 
 # Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
 CHAT_TEMPLATE_MARGIN = 64
 # Workloads whose requests are independent draws of two lengths: a controlled point deals them from a
-# stratified deck (loadtests.stratified); the others' order or grouping is their point.
+# stratified deck (loadtests.workloads.stratified); the others' order or grouping is their point.
 STRATIFIABLE = ("sharegpt-synth", "mixed", "long-context", "fixed")
 
 

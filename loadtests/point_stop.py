@@ -12,12 +12,12 @@ about once a second and decides:
   it never steadied);
 - **enough**: at least ``MIN_MEASURE_S`` measured and ``MIN_TURNOVERS`` times as many requests done
   in the window as users (fewer, and the batches of the interval would share their requests), and
-  the batch-means interval of the token rate (:mod:`reports.throughput_interval`) within the target;
+  the batch-means interval of the token rate (:mod:`reports.capacity.interval`) within the target;
   or the duration cap is reached.
 
-Each decision goes to the workers as a :class:`loadtests.point_control.PointControl` whose times lie
+Each decision goes to the workers as a :class:`loadtests.client.point_control.PointControl` whose times lie
 ahead (``LEAD_S``) and on whole sub-windows from the window's start. The point's reported interval is
-recomputed afterwards from the finished requests' token times (:mod:`reports.capacity`); the live
+recomputed afterwards from the finished requests' token times (:mod:`reports.capacity.result`); the live
 one counts chunks, which are tokens for a server that streams one token per chunk.
 """
 
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from loadtests.client.point_control import LEAD_S, PointControl
+from loadtests.client.records import HEALTH_PREFIX, JOURNAL_SUFFIX
 from loadtests.config import LoadConfig, StopRule
-from loadtests.point_control import LEAD_S, PointControl
-from loadtests.records import HEALTH_PREFIX, JOURNAL_SUFFIX
 from probes.run_dir import CONTROL_NAME, RunDirectory
-from reports.throughput_interval import SUB_WINDOW_S, batch_means_interval
+from reports.capacity.interval import SUB_WINDOW_S, batch_means_interval
 
 # Seconds of load before anything can be called steady.
 MIN_WARMUP_S = 2.0

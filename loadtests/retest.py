@@ -22,7 +22,7 @@ from rich.table import Table
 
 from loadtests.config import LoadConfig
 from probes.run_dir import DIAGNOSIS_NAME, RunDirectory
-from reports.lever_verdict import RETEST_NAME
+from reports.levers.attach import RETEST_NAME
 from reports.whole_table import print_whole
 
 MEASURES = ("output_throughput", "ttft_p50", "tpot_p50")
@@ -65,7 +65,7 @@ def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str,
     ``run_round`` runs one round (default: ``diagnose``'s probed server under Locust).
     """
     if run_round is None:
-        from loadtests.orchestrator import run_diagnose
+        from loadtests.run.orchestrator import run_diagnose
 
         def run_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
             run_diagnose([load], round_dir, argv, model, console)

@@ -12,11 +12,11 @@ This module owns the layout; every writer and reader of a run directory goes thr
     step_calibration.json         probes.step_calibration.StepCalibration, measured before the load
     load.json                     LoadInfo: the load point's config, its target and model, its load workers
     workers.json                  WorkerRoster: while a Locust master runs, the workers that joined it (then in load.json)
-    point_control.json            while a point with a stopping rule runs: when its window opens and ends (loadtests.point_control)
+    point_control.json            while a point with a stopping rule runs: when its window opens and ends (loadtests.client.point_control)
     workload.jsonl                the request plan (loadtests.plan)
     locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
     summary.json                  the measures of every point (reports.summary.RunSummary)
-    diagnosis.json, report.html   the verdict (reports.diagnosis.Diagnosis) and the page
+    diagnosis.json, report.html   the verdict (reports.verdict.diagnosis.Diagnosis) and the page
 
 A sweep directory holds ``sweep.json`` (:class:`SweepIndex`) and one run directory per point; an
 ablation directory holds ``ablation.json`` and one directory per variant.

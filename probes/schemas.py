@@ -95,8 +95,8 @@ PROMETHEUS = pa.schema([
     ("value", _F64),
 ])
 
-# The load generator's rows (loadtests.client_table merges every worker's journal into them).
-# NOTE: times are epoch seconds (loadtests.records.Clock); derived columns are null when their
+# The load generator's rows (loadtests.client.table merges every worker's journal into them).
+# NOTE: times are epoch seconds (loadtests.client.records.Clock); derived columns are null when their
 # inputs are (a failed request has no ttft_s).
 CLIENT_REQUESTS = pa.schema([
     ("worker", _STR),
@@ -127,7 +127,7 @@ CLIENT_REQUESTS = pa.schema([
     ("itl_s", _F64_LIST),  # gaps between content chunks
 ])
 
-# Each load worker's own health, sampled every 0.2 s (loadtests.client_health): how late its event
+# Each load worker's own health, sampled every 0.2 s (loadtests.client.health): how late its event
 # loop woke (every token time of that worker shares the lag) and its CPU time over the gap, as a
 # share of one core.
 CLIENT_HEALTH = pa.schema([

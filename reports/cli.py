@@ -16,8 +16,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
-    from reports.evidence import NO_VERDICT
-    from reports.report import write_report
+    from reports.html.report import write_report
+    from reports.verdict.evidence import NO_VERDICT
 
     result = write_report(args.dir, args.out)
     target = Path(args.out) if args.out else Path(args.dir)

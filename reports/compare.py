@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from reports.diagnosis import Diagnosis, diagnose, json_safe
+from reports.verdict.diagnosis import Diagnosis, diagnose, json_safe
 
 Better = Literal["higher", "lower", "neither"]
 
@@ -142,7 +142,7 @@ def regressions(comparison: Comparison, tolerance: float) -> list[str]:
 
 
 def render_compare(comparison: Comparison) -> str:
-    from reports.report import environment, plotly_js
+    from reports.html.report import environment, plotly_js
 
     return environment().get_template("compare.html.jinja").render(
         comparison=comparison, figures=FIGURES, plotly_js=plotly_js(), chart=_throughput_chart(comparison))

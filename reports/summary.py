@@ -64,7 +64,7 @@ class OpenLoopMeasures:
 
 
 # When the load generator may be what limits a run (a client that is the bottleneck reads the
-# server's timing late; see loadtests.client_health):
+# server's timing late; see loadtests.client.health):
 CLIENT_CPU_LIMIT = 0.9  # a worker's median CPU over the measured window, as a share of one core
 CLIENT_LOOP_LAG_LIMIT_S = 0.010  # a worker's event loop waking this late at p95: near what it can drive
 OPEN_LOOP_LAG_LIMIT_S = 0.050  # open-loop sends this far behind their schedule at p95

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.server_process import ServerProcess
+from loadtests.run.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "dummy:tiny"

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from engine.cli import main
-from loadtests.ab import repo_root, tree_at_ref
+from loadtests.gate.ab import repo_root, tree_at_ref
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from loadtests.arrival import OpenLoopArrivals, worker_rng
+from loadtests.workloads.arrival import OpenLoopArrivals, worker_rng
 
 NUM_GAPS = 20_000
 

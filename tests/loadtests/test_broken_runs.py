@@ -7,9 +7,9 @@ import json
 import pytest
 
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
+from loadtests.client.table import load_client_requests
 from probes.run_dir import DIAGNOSIS_NAME, MANIFEST_NAME, REPORT_NAME, RunDirectory
-from reports.evidence import NO_VERDICT
+from reports.verdict.evidence import NO_VERDICT
 from tests.loadtests.scripted_server import Misbehaviour, scripted_server
 
 LOAD = ["--tokenizer", "dummy:tiny", "--workload", "fixed", "--max-tokens", "3", "--warmup", "0",

@@ -11,7 +11,7 @@ import pytest
 from loadtests.capacity import doubling_plateau, refine_points
 from loadtests.cli import main
 from loadtests.config import StopRule
-from loadtests.server_process import ServerProcess
+from loadtests.run.server_process import ServerProcess
 from tests.loadtests.test_diagnose import check_nothing_lost
 
 # Each engine step burns this much host time, so a step costs about the same at any batch size (as a
@@ -120,8 +120,8 @@ def test_the_tokens_experiment_tells_seats_from_memory(tmp_path) -> None:
 
 def _point(tmp_path, name: str, rows: list[tuple[bool, float, int]]):
     """A point directory whose client table holds ``(is_warmup, end_time, status_code)`` rows, sent at 0..n-1."""
-    from loadtests.client_table import records_table
-    from loadtests.records import ClientRecord
+    from loadtests.client.records import ClientRecord
+    from loadtests.client.table import records_table
     from probes.run_dir import CLIENT_TABLE, RunDirectory
 
     records = [ClientRecord(worker="w0", seq=i, plan_index=i, group="", is_warmup=warm, send_time=float(i),

@@ -9,11 +9,11 @@ import pytest
 
 from engine.weights import load_model
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
+from loadtests.client.table import load_client_requests
 from loadtests.config import LoadConfig
 from loadtests.plan import read_plan
-from loadtests.server_process import ServerProcess
-from loadtests.workloads import make_workload
+from loadtests.run.server_process import ServerProcess
+from loadtests.workloads.catalog import make_workload
 
 TURNS = 3
 

@@ -36,7 +36,7 @@ def wait_for_children(process: subprocess.Popen[bytes], log: Path, out: Path
         lines = {child: " ".join(_cmdline(child)) for child in children}
         locust = [c for c, line in lines.items() if "locust" in line and "locustfile" in line]
         served = any(journal.stat().st_size > 0 for journal in out.glob("client_requests-w*.jsonl"))
-        if locust and served and any("loadtests.probed_server" in line for line in lines.values()):
+        if locust and served and any("loadtests.run.probed_server" in line for line in lines.values()):
             return parent.children(recursive=True), locust[0]
         time.sleep(0.2)
     pytest.fail(f"Locust and the server never both ran: {log.read_text()[-2000:]}")

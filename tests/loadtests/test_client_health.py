@@ -7,9 +7,9 @@ import time
 import gevent
 import pyarrow.parquet as pq
 
-from loadtests.client_health import HealthSampler, health_path
-from loadtests.client_table import merge_journals
-from loadtests.records import Clock, LineFile
+from loadtests.client.health import HealthSampler, health_path
+from loadtests.client.records import Clock, LineFile
+from loadtests.client.table import merge_journals
 from probes.run_dir import CLIENT_HEALTH_TABLE, RunDirectory
 from probes.schemas import CLIENT_HEALTH
 

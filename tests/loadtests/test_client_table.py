@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.client_table import load_client_requests, merge_journals
-from loadtests.records import ClientRecord, Journal, journal_paths
+from loadtests.client.records import ClientRecord, Journal, journal_paths
+from loadtests.client.table import load_client_requests, merge_journals
 
 
 def record(worker: str, seq: int, send: float, **fields: object) -> ClientRecord:

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
-from loadtests.load_context import ITL_ROW, TPOT_ROW, TTFT_ROW, WARMUP_SUFFIX
-from loadtests.locust_runner import read_locust_stats
-from loadtests.records import journal_paths
+from loadtests.client.load_context import ITL_ROW, TPOT_ROW, TTFT_ROW, WARMUP_SUFFIX
+from loadtests.client.records import journal_paths
+from loadtests.client.table import load_client_requests
+from loadtests.run.locust_runner import read_locust_stats
 from probes.loader import load_run
 from tests.loadtests.conftest import FAST_LOAD, MODEL, run_cli
 
 # The contract's verdicts; "undetermined" only where this install has no report package to judge.
-VERDICTS = ("batching", "cache", "execution", "none") if find_spec("reports.diagnosis") else ("undetermined",)
+VERDICTS = ("batching", "cache", "execution", "none") if find_spec("reports.verdict.diagnosis") else ("undetermined",)
 RUN_FILES = ("run.json", "steps.parquet", "requests.parquet", "host.parquet", "trace.json", "load.json",
              "workload.jsonl", "client_requests.parquet", "locust_stats.csv", "locust.html", "summary.json",
              "diagnosis.json", "report.html")

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
-from loadtests.locust_runner import read_locust_stats
-from loadtests.records import journal_path, journal_paths
-from loadtests.relay import DONE_MESSAGE, HEALTH, REQUESTS, ROWS_MESSAGE, RowRelay
-from loadtests.server_process import ServerProcess
+from loadtests.client.records import journal_path, journal_paths
+from loadtests.client.relay import DONE_MESSAGE, HEALTH, REQUESTS, ROWS_MESSAGE, RowRelay
+from loadtests.client.table import load_client_requests
+from loadtests.run.locust_runner import read_locust_stats
+from loadtests.run.server_process import ServerProcess
 from probes.loader import load_manifest
 from probes.run_dir import LOST_MISSED_HEARTBEATS, WORKERS_NAME, RunDirectory
 from tests.loadtests.conftest import FAST_LOAD, cli_env, servescope_command

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from loadtests.execution_reference import _time_in_turns, http_target_step
+from loadtests.run.execution_reference import _time_in_turns, http_target_step
 
 NUM_TOKENS = 12
 STEP_S = 0.004

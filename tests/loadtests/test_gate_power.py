@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from reports.ab_stats import estimate_slowdown
+from reports.gate.stats import estimate_slowdown
 
 pytestmark = pytest.mark.gate
 

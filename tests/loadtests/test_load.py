@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loadtests.arrival import OpenLoopArrivals, worker_rng
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
-from loadtests.locust_runner import read_locust_stats
-from loadtests.server_process import ServerProcess
+from loadtests.client.table import load_client_requests
+from loadtests.run.locust_runner import read_locust_stats
+from loadtests.run.server_process import ServerProcess
+from loadtests.workloads.arrival import OpenLoopArrivals, worker_rng
 from probes.loader import load_manifest
 from probes.run_dir import SUMMARY_NAME, RunDirectory
 from reports.summary import PointMeasures, RunSummary

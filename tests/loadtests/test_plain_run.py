@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.plain_run import fresh_run_dir, normalize_web_ui_options, plain_config
+from loadtests.run.plain_run import fresh_run_dir, normalize_web_ui_options, plain_config
 
 
 def options(**overrides: object) -> Namespace:

@@ -6,7 +6,7 @@ import pytest
 
 from loadtests.config import LoadConfig
 from loadtests.plan import CHAT_TEMPLATE_MARGIN, build_plan, read_plan, write_plan
-from loadtests.tokenizer import load_tokenizer
+from loadtests.workloads.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer("dummy:tiny")
 

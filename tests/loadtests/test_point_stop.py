@@ -8,7 +8,7 @@ import numpy as np
 
 from loadtests.config import StopRule
 from loadtests.point_stop import MIN_MEASURE_S, LiveProgress, PointMonitor
-from reports.throughput_interval import batch_means_interval
+from reports.capacity.interval import batch_means_interval
 
 SAMPLE_S = 0.2  # the workers' health samples (loadtests.client_health)
 TOKENS_PER_REQUEST = 60
@@ -95,7 +95,7 @@ def test_a_load_that_never_steadies_is_measured_from_the_warm_up_cap_and_says_so
 
 def test_the_interval_it_reports_covers_the_true_rate_at_its_stated_rate() -> None:
     # Stopping at the first tight interval favours intervals that came out too narrow; the rule's floors
-    # keep the interval reported over the window it decided (recomputed, as reports.capacity does) honest.
+    # keep the interval reported over the window it decided (recomputed, as reports.capacity.result does) honest.
     held = 0
     num_points = 120
     for seed in range(num_points):
@@ -110,10 +110,10 @@ def test_the_interval_it_reports_covers_the_true_rate_at_its_stated_rate() -> No
 
 
 def _context(is_controlled: bool, rate: float | None = None, seed: int = 0):  # noqa: ANN202 - LoadContext
-    from loadtests.arrival import OpenLoopArrivals
-    from loadtests.load_context import LoadContext
+    from loadtests.client.load_context import LoadContext
+    from loadtests.client.records import Journal
     from loadtests.plan import PlannedRequest
-    from loadtests.records import Journal
+    from loadtests.workloads.arrival import OpenLoopArrivals
 
     class Nowhere:
         def write_line(self, line: str) -> None: ...
@@ -136,7 +136,7 @@ def test_a_controlled_closed_loop_cuts_each_users_first_request_at_a_seeded_rand
 
 
 def test_a_controlled_point_follows_its_window_and_a_lost_orchestrator_is_bounded() -> None:
-    from loadtests.point_control import CONTROL_SLACK_S, PointControl
+    from loadtests.client.point_control import CONTROL_SLACK_S, PointControl
 
     context = _context(True)
     assert context.is_warmup(context.start_time + 100.0)  # no window yet: everything is warm-up

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.loadtests.retest_study import SCENARIOS, StudyScenario, run_scenario
+from studies.retest_study import SCENARIOS, StudyScenario, run_scenario
 
 pytestmark = pytest.mark.slow
 

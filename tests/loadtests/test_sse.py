@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loadtests.sse import StreamTimer
+from loadtests.client.sse import StreamTimer
 
 
 def event(payload: object) -> str:

@@ -9,8 +9,8 @@ import numpy as np
 
 from loadtests.config import LoadConfig, StopRule
 from loadtests.plan import build_plan
-from loadtests.stratified import DECK_SIZE, stratified_deck
-from loadtests.workloads import make_workload
+from loadtests.workloads.catalog import make_workload
+from loadtests.workloads.stratified import DECK_SIZE, stratified_deck
 from tests.loadtests.test_plan import TOKENIZER
 
 

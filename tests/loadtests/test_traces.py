@@ -9,12 +9,12 @@ import pytest
 
 from engine.weights import load_model
 from loadtests.cli import main
-from loadtests.client_table import load_client_requests
+from loadtests.client.table import load_client_requests
 from loadtests.config import LoadConfig
 from loadtests.plan import read_plan
-from loadtests.server_process import ServerProcess
-from loadtests.traces import MOONCAKE_BLOCK_TOKENS, read_trace, trace_path
-from loadtests.workloads import make_workload
+from loadtests.run.server_process import ServerProcess
+from loadtests.workloads.catalog import make_workload
+from loadtests.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_trace, trace_path
 
 # How late a replayed request may go out after its scheduled time (the bound). NOTE: on a
 # shared 2-core machine the OS can stall the client process past it now and then (README has the

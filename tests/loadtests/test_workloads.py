@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.weights import load_model
-from loadtests.workloads import WORKLOADS, make_workload
+from loadtests.workloads.catalog import WORKLOADS, make_workload
 
 
 @pytest.fixture(scope="module")

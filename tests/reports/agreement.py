@@ -45,7 +45,7 @@ def run_agreement(scenario: Scenario, out: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from reports.diagnosis import diagnose
+    from reports.verdict.diagnosis import diagnose
 
     root = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="agreement-"))
     wrong = 0

@@ -23,12 +23,12 @@ from typing import Any
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.baselines import NaiveEngine, StaticBatchEngine
 from engine.weights import LoadedModel, load_model
-from loadtests.client_table import records_table
+from loadtests.client.records import ClientRecord
+from loadtests.client.table import records_table
 from loadtests.config import LoadConfig
-from loadtests.execution_reference import measure_reference
 from loadtests.plan import PlannedRequest, write_plan
-from loadtests.records import ClientRecord
-from loadtests.workloads import make_workload
+from loadtests.run.execution_reference import measure_reference
+from loadtests.workloads.catalog import make_workload
 from probes.base import Probe
 from probes.host import HostProbe
 from probes.manifest import RunManifest

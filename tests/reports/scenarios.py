@@ -73,7 +73,7 @@ def run_scenario(scenario: Scenario, out: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from reports.diagnosis import diagnose
+    from reports.verdict.diagnosis import diagnose
 
     root = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="scenarios-"))
     wrong = 0

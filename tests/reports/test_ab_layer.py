@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reports.ab_gate import decide, format_verdict
-from reports.ab_layer import name_layer, summarize_side
+from reports.gate.bottleneck import name_layer, summarize_side
+from reports.gate.verdict import decide, format_verdict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ab"
 

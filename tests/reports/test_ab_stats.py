@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from reports.ab_stats import estimate_slowdown, min_samples, signed_rank_null
+from reports.gate.stats import estimate_slowdown, min_samples, signed_rank_null
 
 
 def draws(shift: float, noise: float, n: int, seed: int) -> list[float]:

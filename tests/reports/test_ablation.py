@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from reports.ablation import STANDARD_VARIANTS, ablation_table, write_ablation_index
-from reports.diagnosis import analyze
-from reports.report import write_report
+from reports.html.report import write_report
+from reports.verdict.diagnosis import analyze
 
 
 def test_the_table_has_every_variant_with_ratios(ablation_dir) -> None:
@@ -41,7 +41,7 @@ def test_the_index_refuses_a_missing_baseline(tmp_path) -> None:
 
 
 def test_diagnose_on_an_ablation_directory_judges_the_baseline(ablation_dir) -> None:
-    from reports.diagnosis import diagnose
+    from reports.verdict.diagnosis import diagnose
 
     result = diagnose(ablation_dir)
     assert result.label == "users-8" and result.source == "engine"

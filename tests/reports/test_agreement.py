@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from reports.diagnosis import diagnose
+from reports.verdict.diagnosis import diagnose
 from tests.reports.agreement import AGREEMENT, SLOW
 
 CASES = [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s.name in SLOW else []) for s in AGREEMENT]

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports.capacity import choose_users
-from reports.capacity_interval import capacity_interval
-from reports.throughput_interval import RateInterval, student_t_quantile
+from reports.capacity.bootstrap import capacity_interval
+from reports.capacity.interval import RateInterval, student_t_quantile
+from reports.capacity.result import choose_users
 
 USERS = [1, 2, 4, 6, 8, 12, 16, 32]  # a search's points: doubling to 32, midpoints 6 and 12
 
@@ -71,10 +71,10 @@ def _search_dir(tmp_path: Path, curve: dict[int, float], relative_sd: float, see
     """A capacity search's directory whose points' clients streamed ``curve[users]`` tokens/s on average over a
     decided 40 s window, each second's rate drawn around it with ``relative_sd`` (known noise, shared by the
     streams as a server's stalls are), one token per chunk, 60 tokens per request."""
-    from loadtests.client_table import records_table
-    from loadtests.records import ClientRecord
+    from loadtests.client.records import ClientRecord
+    from loadtests.client.table import records_table
     from probes.run_dir import LOAD_NAME, SWEEP_NAME, LoadInfo, RunDirectory, SweepIndex, SweepPoint
-    from reports.capacity import CAPACITY_NAME, CapacitySearch
+    from reports.capacity.result import CAPACITY_NAME, CapacitySearch
 
     rng = np.random.default_rng(seed)
     root = tmp_path / "search"
@@ -107,8 +107,8 @@ def _search_dir(tmp_path: Path, curve: dict[int, float], relative_sd: float, see
     return root
 
 
-def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.Capacity
-    from reports.capacity import capacity_result, read_search
+def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.result.Capacity
+    from reports.capacity.result import capacity_result, read_search
     from reports.dataset import RunDataset
     from reports.summary import point_measures
 
@@ -118,7 +118,7 @@ def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.Capacity
 
 
 def test_a_search_reports_its_capacity_with_both_intervals(tmp_path) -> None:
-    from reports.capacity_section import capacity_figure, headline
+    from reports.html.capacity import capacity_figure, headline
 
     sharp = {u: 12.0 * u if u <= 8 else 96.0 + 0.5 * (u - 8) for u in (1, 2, 4, 8, 16, 32)}
     capacity = _capacity(_search_dir(tmp_path, sharp, 0.1, seed=1))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.report import write_report
-from reports.sections import SECTIONS
+from reports.html.report import write_report
+from reports.html.sections import SECTIONS
 from tests.reports.conftest import MARKUP_PROMPT
 
 CHROMIUM = Path(os.environ.get("SERVESCOPE_CHROMIUM", "/usr/bin/chromium"))

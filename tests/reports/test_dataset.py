@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from reports.dataset import DatasetError, RunDataset, load_points
-from reports.diagnosis import diagnose
-from reports.report import write_report
+from reports.html.report import write_report
+from reports.verdict.diagnosis import diagnose
 
 
 def test_a_probed_run_loads_with_client_latencies(scenario_dir) -> None:

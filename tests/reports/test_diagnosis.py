@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from reports.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, diagnose
-from reports.evidence import BOTTLENECKS, RULES, Evidence, register
-from reports.report import write_report
-from reports.rules import HostOverhead
+from reports.html.report import write_report
+from reports.verdict.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, diagnose
+from reports.verdict.engine_rules import HostOverhead
+from reports.verdict.evidence import BOTTLENECKS, RULES, Evidence, register
 
 
 def evidence(name: str, passed: bool | None) -> Evidence:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reports.dataset import RunDataset
-from reports.diagnosis import diagnose
+from reports.verdict.diagnosis import diagnose
 
 
 def test_an_external_run_has_no_engine_tables(external_dir) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine
 from loadtests.bench import run_bench
-from reports.gate import format_rows, gate_ratios, gate_serving, load_floors
+from reports.gate.floors import format_rows, gate_ratios, gate_serving, load_floors
 
 ENGINES = ["continuous", "naive", "contiguous"]
 

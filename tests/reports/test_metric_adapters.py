@@ -21,9 +21,9 @@ from probes.run_dir import RunDirectory
 from probes.schemas import PROMETHEUS
 from reports import write_report
 from reports.dataset import RunDataset
-from reports.diagnosis import diagnose
 from reports.metric_adapters import ADAPTERS, MetricAdapter, adapter_for, get_adapter, register
 from reports.summary import point_measures
+from reports.verdict.diagnosis import diagnose
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.diagnosis import diagnose
+from reports.verdict.diagnosis import diagnose
 
 
 @pytest.mark.parametrize("name", ["max-num-seqs-2", "tiny-pool-preempts", "host-overhead-10ms", "two-users-large-pool"])

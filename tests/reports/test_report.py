@@ -6,8 +6,8 @@ import re
 
 import markupsafe
 
-from reports.report import write_report
-from reports.sections import SECTIONS
+from reports.html.report import write_report
+from reports.html.sections import SECTIONS
 from tests.reports.conftest import MARKUP_PROMPT
 
 

@@ -14,9 +14,9 @@ from probes.model_shape import ModelShape, resolve_model_shape
 from probes.peaks import MachinePeaks, measure_peaks
 from probes.run_dir import RunDirectory
 from reports.dataset import RunDataset
-from reports.diagnosis import facts_for
 from reports.roofline import step_work
 from reports.summary import point_measures
+from reports.verdict.diagnosis import facts_for
 
 
 class _Steps:

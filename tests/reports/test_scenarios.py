@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from reports.diagnosis import diagnose
-from reports.evidence import BOTTLENECKS
+from reports.verdict.diagnosis import diagnose
+from reports.verdict.evidence import BOTTLENECKS
 from tests.reports.scenarios import SCENARIOS
 
 

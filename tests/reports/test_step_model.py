@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from probes.step_calibration import StepCalibration
-from reports.step_model import StepWork, busy_periods, fit_step_model, nnls
+from reports.levers.step_model import StepWork, busy_periods, fit_step_model, nnls
 
 KNOWN = {"overhead_s": 0.004, "prefill_token_s": 60e-6, "decode_seq_s": 300e-6, "context_token_s": 2e-6}
 

@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from loadtests.client_table import load_client_requests
-from loadtests.progress import SUMMARY_COLUMNS, summary_table
-from loadtests.summary import write_summary
+from loadtests.client.table import load_client_requests
+from loadtests.run.progress import SUMMARY_COLUMNS, summary_table
+from loadtests.run.summary import write_summary
 from probes.loader import load_manifest
 from probes.run_dir import CLIENT_HEALTH_TABLE, SUMMARY_NAME, RunDirectory
 from probes.schemas import CLIENT_HEALTH
 from reports.dataset import RunDataset
-from reports.diagnosis import read_diagnosis
 from reports.summary import OpenLoopMeasures, RunSummary, client_warnings
+from reports.verdict.diagnosis import read_diagnosis
 
 
 def _console_row(summary: RunSummary, label: str) -> dict[str, str]:

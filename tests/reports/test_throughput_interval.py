@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports.throughput_interval import (
+from reports.capacity.interval import (
     batch_means_interval,
     num_batches_for,
     student_t_quantile,

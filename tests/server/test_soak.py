@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from loadtests.server_process import ServerProcess
+from loadtests.run.server_process import ServerProcess
 from tests.server.conftest import MODEL
 
 SOAK_S = float(os.environ.get("SERVESCOPE_SOAK_S", "20"))

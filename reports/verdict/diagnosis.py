@@ -1,0 +1,358 @@
+"""The verdict: which lever (batching, cache, execution) holds the server back, or none.
+
+The decision follows one order. First, is there pressure at all: an engine idle over half the
+time with nobody waiting is limited by its load (``none``). Then: not enough simultaneous work
+reaches the device (``batching``); active request state fills memory (``cache``); work is
+organized but coordination is costly (``execution``). The first finding whose rules pass is the
+verdict; if none does, nothing inside the server binds and the load is the limit (``none``).
+Every rule's evidence goes into the result, passed or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import reports.verdict.capacity_rules  # noqa: F401 - registers the capacity rules
+import reports.verdict.engine_rules  # noqa: F401 - registers the engine rules
+import reports.verdict.external_rules  # noqa: F401 - registers the external rules
+from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
+from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
+from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from reports.ablation import AblationTable, ablation_table, read_ablation_index
+from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
+from reports.dataset import RunDataset, load_points, sweep_parameter
+from reports.health import RunHealth, run_health
+from reports.levers.attach import attach_predictions
+from reports.metric_adapters import ADAPTERS
+from reports.roofline import roofline_summary, step_work
+from reports.summary import PointMeasures, RunSummary, point_measures
+from reports.verdict.advice import lever_for
+from reports.verdict.evidence import (
+    BOTTLENECKS,
+    NO_VERDICT,
+    RULES,
+    Bottleneck,
+    Evidence,
+    Facts,
+    SweepMeasures,
+)
+
+# How much a verdict can be trusted from each kind of data, before the evidence's own margins.
+SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "capacity": 0.7, "sweep": 0.7, "client": 0.5}
+# Which evidence a verdict may read: all of it, or only what a client of the server has (its
+# timings, its /metrics, and what servescope measured on this machine itself), as `load --target` sees it.
+VIEWS = ("inside", "outside")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One way to reach a verdict: every rule of ``all_of`` passes and, if given, one of ``any_of``.
+
+    Rules in ``unknown_ok`` may be unmeasurable (None) without blocking the finding; ``support``
+    rules never decide, but raise the confidence when they pass.
+    """
+
+    bottleneck: Bottleneck
+    all_of: tuple[str, ...] = ()
+    any_of: tuple[str, ...] = ()
+    unknown_ok: tuple[str, ...] = ()
+    support: tuple[str, ...] = ()
+
+    def fires(self, evidence: dict[str, Evidence]) -> bool:
+        for name in self.all_of:
+            passed = evidence[name].passed
+            if not (passed or (passed is None and name in self.unknown_ok)):
+                return False
+        return not self.any_of or any(evidence[name].passed for name in self.any_of)
+
+    def deciding(self, evidence: dict[str, Evidence]) -> list[Evidence]:
+        names = [*self.all_of, *(n for n in self.any_of if evidence[n].passed)]
+        return [evidence[n] for n in names if evidence[n].passed]
+
+
+ENGINE_FINDINGS = (
+    Finding("none", all_of=("engine_idle", "queue_absent"), support=("batch_has_room",)),
+    Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
+    Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
+    Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
+)
+ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
+METRICS_FINDINGS = (
+    Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
+    Finding("cache", any_of=("server_preemptions",)),
+    # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
+    # preemption and KV findings above are the ones that would name memory.
+    Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
+            support=("few_streams_decoding",)),
+    Finding("execution", all_of=("slower_than_optimized",)),
+)
+SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
+                          support=("few_streams_decoding",)),)
+CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
+                   Finding("execution", all_of=("slower_than_optimized",)))
+EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
+# A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
+CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
+                     Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """The verdict on one run (or sweep) directory; saved as ``diagnosis.json``."""
+
+    bottleneck: Bottleneck | str  # one of BOTTLENECKS, or NO_VERDICT for a run that cannot be judged
+    confidence: float  # 0..1
+    confidence_label: str  # high / medium / low
+    lever: str  # what to change first
+    summary: str
+    source: str  # what the verdict rests on: engine, prometheus, sweep or client
+    evidence: list[Evidence]  # deciding evidence first, then every other rule evaluated
+    deciding: list[str]  # names of the rules that made the verdict
+    also: list[str]  # other bottlenecks whose findings also fired
+    metrics: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+    levers: list[dict[str, Any]] = field(default_factory=list)  # reports.levers.predictions.LeverPrediction, best first
+    predictions: dict[str, Any] | None = None  # the step model, the replay check and the predicted verdict
+    capacity: dict[str, Any] | None = None  # reports.capacity.result.Capacity, after a capacity search
+
+    @property
+    def has_verdict(self) -> bool:
+        return self.bottleneck != NO_VERDICT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bottleneck": self.bottleneck, "confidence": self.confidence,
+                "confidence_label": self.confidence_label, "lever": self.lever, "summary": self.summary,
+                "source": self.source, "evidence": [e.to_dict() for e in self.evidence], "deciding": self.deciding,
+                "also": self.also, "metrics": self.metrics, "label": self.label, "levers": self.levers,
+                "predictions": self.predictions, "capacity": self.capacity}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+        if data.get("bottleneck") not in (*BOTTLENECKS, NO_VERDICT):
+            raise ValueError(f"bottleneck must be one of {(*BOTTLENECKS, NO_VERDICT)}, got {data.get('bottleneck')!r}")
+        return cls(bottleneck=data["bottleneck"], confidence=float(data["confidence"]),
+                   confidence_label=data["confidence_label"], lever=data["lever"], summary=data["summary"],
+                   source=data["source"], evidence=[Evidence.from_dict(e) for e in data["evidence"]],
+                   deciding=list(data["deciding"]), also=list(data["also"]), metrics=dict(data["metrics"]),
+                   label=data.get("label", ""), levers=list(data.get("levers") or []),
+                   predictions=data.get("predictions"), capacity=data.get("capacity"))
+
+    def to_json(self) -> str:
+        return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Diagnosis:
+        return cls.from_dict(json.loads(text))
+
+
+def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None,
+              view: str = "inside") -> Facts:
+    """Every measure of one load point the rules read; with ``view="outside"`` only what a client has."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    directory = RunDirectory(data.path)
+    is_metrics_unread = data.has_prometheus and measures.prometheus is None
+    if view == "outside" or measures.server is None:
+        return Facts(server=None, client=measures.client, prometheus=measures.prometheus, roofline=None, sweep=sweep,
+                     is_metrics_unread=is_metrics_unread,
+                     execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming))
+    roofline = None
+    shape = data.model_shape
+    if shape is not None:
+        roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, data.peaks)
+    return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
+                 roofline=roofline, engine_config=data.engine_config, sweep=sweep,
+                 is_metrics_unread=is_metrics_unread,
+                 execution_paths=run_path_timing(directory, data))
+
+
+def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | None:
+    """Both execution paths' decode step at the run's median decode batch, read off the step calibration
+    the server measured before the load (the one measurement the predictions read too)."""
+    calibration = directory.load(CALIBRATION_NAME, StepCalibration)
+    shape = decode_shape(data.steps_in_window())
+    if calibration is None or shape is None or calibration.other_path is None:
+        return None
+    return calibration.path_timing(*shape)
+
+
+def decide(facts: Facts, label: str = "") -> Diagnosis:
+    """Apply the findings in order to one point's facts."""
+    evidence = {name: rule.evaluate(facts) for name, rule in RULES.items()}
+    if facts.server is not None:
+        source, findings, fallback = "engine", (*ENGINE_FINDINGS, *CAPACITY_FINDINGS), ENGINE_FALLBACK
+    else:
+        findings = ((*METRICS_FINDINGS, *CAPACITY_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus
+                    else (*CAPACITY_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS))
+        fallback = EXTERNAL_FALLBACK
+        source = "prometheus" if facts.prometheus else "sweep" if facts.sweep else "client"
+    fired = [f for f in findings if f.fires(evidence)]
+    chosen = fired[0] if fired else fallback
+    if facts.server is None and chosen in CAPACITY_FINDINGS:
+        source = "capacity"
+    deciding = chosen.deciding(evidence)
+    names = [*chosen.all_of, *chosen.any_of, *chosen.support]
+    relevant = [evidence[n] for n in dict.fromkeys(names)]
+    others = [e for n, e in evidence.items() if n not in names and e.passed is not None]
+    also = sorted({f.bottleneck for f in fired[1:]} - {chosen.bottleneck})
+    confidence = _confidence(source, chosen, evidence, deciding, fired_at_all=bool(fired), num_conflicts=len(also))
+    lever, summary = lever_for(chosen.bottleneck, facts, deciding)
+    parts = (("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus),
+             ("roofline", facts.roofline), ("sweep", facts.sweep), ("execution_paths", facts.execution_paths),
+             ("execution_reference", facts.execution_reference))
+    metrics = {"source": source, "metrics_read": metrics_read(facts),
+               **{k: (v.to_dict() if v is not None else None) for k, v in parts}}
+    return Diagnosis(bottleneck=chosen.bottleneck, confidence=confidence, confidence_label=_label(confidence),
+                     lever=lever, summary=summary, source=source, evidence=[*relevant, *others],
+                     deciding=[e.name for e in deciding], also=also, metrics=metrics, label=label)
+
+
+def metrics_read(facts: Facts) -> str | None:
+    """One sentence on what the server's ``/metrics`` gave the verdict; None when nothing was scraped."""
+    p = facts.prometheus
+    if p is not None:
+        names = ", ".join(f"{signal} {name}" for signal, name in p.names.items() if name is not None)
+        return f"/metrics read with the {p.adapter} names ({names})"
+    if facts.is_metrics_unread:
+        return (f"/metrics was scraped, but none of its names is one of the known servers' "
+                f"({', '.join(ADAPTERS)}): the client-side evidence decided")
+    return None
+
+
+def diagnose_dataset(data: RunDataset, sweep: SweepMeasures | None = None) -> Diagnosis:
+    return decide(facts_for(data, point_measures(data), sweep), data.label)
+
+
+@dataclass(slots=True)
+class Analysis:
+    """A run, sweep or ablation directory, loaded once, measured once and judged.
+
+    ``points`` are the load points in order of load (an ablation's: its baseline variant's);
+    ``summary`` holds their measures and ``facts`` those the verdict read, at the heaviest point.
+    """
+
+    root: Path
+    points: list[RunDataset]
+    summary: RunSummary
+    facts: Facts
+    diagnosis: Diagnosis
+    point_verdicts: list[Diagnosis]  # one per point (the verdict itself for a single point)
+    ablation: AblationTable | None = None
+    capacity: Capacity | None = None
+    focus_index: int = -1  # the point the verdict is about
+
+    @property
+    def focus(self) -> RunDataset:
+        return self.points[self.focus_index]
+
+
+def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
+    """Load, measure and judge the directory at ``path``: a run, a sweep (``sweep.json``) or an ablation.
+
+    A sweep is judged at its heaviest point, where a limit shows most, with the way throughput,
+    TTFT and TPOT move across the points as evidence; every point's own verdict is in
+    ``metrics["points"]``. An ablation directory (``ablation.json``) is judged by its baseline
+    variant, with the ablation table in ``metrics["ablation"]``.
+    """
+    root = Path(path)
+    index = read_ablation_index(root)
+    run_path = root / index.baseline_dir if index is not None else root
+    points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
+    parameter = sweep_parameter(run_path)
+    measures = [point_measures(p) for p in points]
+    point_facts = [facts_for(p, m, view=view) for p, m in zip(points, measures, strict=True)]
+    health = run_health(points, measures)
+    if not health.can_judge:
+        verdicts = [no_verdict(health, f, p.label) for p, f in zip(points, point_facts, strict=True)]
+        return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=point_facts[-1],
+                        diagnosis=verdicts[-1], point_verdicts=verdicts)
+    verdicts = [decide(f, p.label) for p, f in zip(points, point_facts, strict=True)]
+    sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
+    search = read_search(run_path)
+    capacity = capacity_result(run_path, search, points, measures) if search is not None else None
+    focus = capacity_focus(capacity, measures) if capacity is not None else len(points) - 1
+    # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
+    facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
+    diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
+    diagnosis.capacity = capacity.to_dict() if capacity is not None else None
+    if len(points) > 1:
+        diagnosis.metrics["points"] = [
+            {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
+            for m, v in zip(measures, verdicts, strict=True)]
+    ablation = None
+    if index is not None:
+        ablation = ablation_table(root, verdict=lambda point: diagnose_dataset(point).bottleneck)
+        diagnosis.metrics["ablation"] = ablation.to_dict() if ablation is not None else None
+    attach_predictions(diagnosis, points[focus])
+    return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
+                    diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation, capacity=capacity,
+                    focus_index=focus)
+
+
+def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:
+    """What a run that cannot be judged gets: no bottleneck, and why (``metrics["health"]``)."""
+    metrics = {"source": None, "health": health.to_dict(),
+               **{k: (v.to_dict() if v is not None else None) for k, v in (
+                   ("server", facts.server), ("client", facts.client), ("prometheus", facts.prometheus))}}
+    return Diagnosis(bottleneck=NO_VERDICT, confidence=0.0, confidence_label="none",
+                     lever="make the requests succeed first (see the failures above), then measure again",
+                     summary=f"no verdict: {health.describe()}", source="none", evidence=[], deciding=[], also=[],
+                     metrics=metrics, label=label)
+
+
+def diagnose(path: str | os.PathLike[str], view: str = "inside") -> Diagnosis:
+    """The verdict on a run directory, a sweep directory as a whole, or an ablation (see :func:`analyze`)."""
+    return analyze(path, view).diagnosis
+
+
+def sweep_measures(parameter: str, points: list[PointMeasures]) -> SweepMeasures | None:
+    """Lightest vs heaviest point of a sweep (points ordered by load), from their client measures."""
+    low, high = points[0], points[-1]
+    if low.concurrency is None or high.concurrency is None or low.client is None or high.client is None:
+        return None
+    lc, hc = low.client, high.client
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return b / a if a and b is not None else None
+
+    def p50(dist: dict[str, float] | None) -> float | None:
+        return dist["p50"] if dist else None
+
+    return SweepMeasures(parameter=parameter, low=low.concurrency, high=high.concurrency,
+                         throughput_ratio=ratio(lc.output_throughput, hc.output_throughput),
+                         ttft_ratio=ratio(p50(lc.ttft_s), p50(hc.ttft_s)),
+                         tpot_ratio=ratio(p50(lc.tpot_s), p50(hc.tpot_s)))
+
+
+def _confidence(source: str, chosen: Finding, evidence: dict[str, Evidence], deciding: list[Evidence],
+                fired_at_all: bool, num_conflicts: int) -> float:
+    """Trust in the data source, times how clearly the deciding figures pass and how many supports agree."""
+    trust = SOURCE_TRUST[source]
+    supports = [evidence[n] for n in chosen.support if evidence[n].passed is not None]
+    support_share = sum(bool(e.passed) for e in supports) / len(supports) if supports else 0.0
+    if not fired_at_all:  # the fallback: no finding fired, the verdict is what is left
+        return round(trust * (0.35 + 0.25 * support_share), 3)
+    margin = sum(e.margin for e in deciding) / len(deciding) if deciding else 0.0
+    value = trust * (0.55 + 0.35 * margin + 0.1 * support_share) * (0.85 ** num_conflicts)
+    return round(min(value, 1.0), 3)
+
+
+def _label(confidence: float) -> str:
+    return "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
+
+
+def write_diagnosis(path: str | os.PathLike[str], diagnosis: Diagnosis) -> Path:
+    return RunDirectory(path).save(DIAGNOSIS_NAME, diagnosis)
+
+
+def read_diagnosis(path: str | os.PathLike[str]) -> Diagnosis:
+    return RunDirectory(path).load(DIAGNOSIS_NAME, Diagnosis) or _missing(Path(path) / DIAGNOSIS_NAME)
+
+
+def _missing(path: Path) -> Diagnosis:
+    raise FileNotFoundError(f"{path} is missing: run `servescope report {path.parent}` first")

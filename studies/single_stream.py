@@ -1,0 +1,169 @@
+"""Single-stream decode: plain HF ``generate`` vs the engine at batch 1, interleaved in one process.
+
+What `transformers serve` (no continuous batching) runs per request is ``model.generate`` on
+``LlamaForCausalLM``; this times that loop and the engine's own ``step`` loop on the same weights,
+one request at a time, alternating HF and engine configurations round by round so that machine
+noise hits all alike. TPOT is the mean gap between output tokens after the first; TTFT is excluded.
+Run it under the exclusive lock, e.g.::
+
+    flock /tmp/ss-cpu.lock python -m studies.single_stream --rounds 5 --max-tokens 64 \\
+        --engine "--dtype float32" --engine "--dtype bfloat16" --engine "--weights int8" --hf float32
+
+``--profile DIR`` writes a torch-profiler table of a few engine decode steps per engine instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.baselines.hf_model import hf_model_from
+from engine.flags import add_engine_args, engine_config_from_args
+from engine.weights import LoadedModel, load_model
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+
+
+@dataclass(slots=True)
+class Timings:
+    tpot_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+class _Stamps:
+    """An HF streamer that stamps each new token's arrival (the first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._seen_prompt = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._seen_prompt:
+            self.times.append(time.perf_counter())
+        self._seen_prompt = True
+
+    def end(self) -> None:
+        pass
+
+
+def _tpot(stamps: list[float]) -> float:
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def hf_run(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int) -> tuple[float, list[int]]:
+    stamps = _Stamps()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, streamer=stamps, pad_token_id=0)
+    return _tpot(stamps.times), out[0, len(prompt_ids):].tolist()
+
+
+def engine_run(engine: LLMEngine, prompt_ids: list[int], max_tokens: int) -> tuple[float, list[int]]:
+    engine.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    stamps: list[float] = []
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            stamps.append(time.perf_counter())
+            tokens = out.token_ids
+    return _tpot(stamps), list(tokens)
+
+
+def _engine(flags: str, loaded_by_dtype: dict[str, LoadedModel]) -> LLMEngine:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(shlex.split(flags)))
+    if config.dtype not in loaded_by_dtype:
+        loaded_by_dtype[config.dtype] = load_model(config.model, config.torch_dtype, config.seed)
+    return LLMEngine(config, loaded_by_dtype[config.dtype])
+
+
+def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> None:
+    """Per-op CPU time of 8 decode steps (after the prompt and 4 warm steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.add_request(prompt_ids, SamplingParams(max_tokens=14, ignore_eos=True))
+    for _ in range(5):
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(8):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    with open(out_path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    prof.export_chrome_trace(out_path + ".trace.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", action="append", default=[], help="engine flags of one configuration (repeatable)")
+    p.add_argument("--hf", action="append", default=[],
+                   help="dtype of an HF generate baseline (repeatable; float32 when none is given)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--profile", default=None, help="write a profiler table per engine to PROFILE.<i>.txt")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    args.hf = args.hf or ["float32"]  # the ratio column's reference
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded: dict[str, LoadedModel] = {}
+    runners: dict[str, object] = {}
+    for flags in args.engine:
+        runners[f"servescope {flags}".strip()] = _engine(f"--model {args.model} {flags}", loaded)
+    for dtype_name in args.hf:
+        base = loaded.get("float32") or load_model(args.model, torch.float32)
+        loaded.setdefault("float32", base)
+        model = hf_model_from(base.config, base.state_dict, getattr(torch, dtype_name))
+        model.config._attn_implementation = "sdpa"  # what from_pretrained (and transformers serve) picks
+        runners[f"HF generate {dtype_name} (sdpa)"] = model
+    any_loaded = next(iter(loaded.values()))
+    prompt_ids = any_loaded.tokenizer.encode(PROMPT)
+    if args.profile:
+        for i, (name, runner) in enumerate(runners.items()):
+            if isinstance(runner, LLMEngine):
+                profile_decode(runner, prompt_ids, f"{args.profile}.{i}.txt")
+                print(f"{name}: {args.profile}.{i}.txt")
+        return 0
+    run = {name: (engine_run if isinstance(r, LLMEngine) else hf_run) for name, r in runners.items()}
+    for name, runner in runners.items():  # warm-up: kernels and buffers for every shape
+        run[name](runner, prompt_ids, 8)
+    timings = {name: Timings() for name in runners}
+    names = list(runners)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            gc.collect()
+            tpot, tokens = run[name](runners[name], prompt_ids, args.max_tokens)
+            timings[name].tpot_s.append(tpot)
+            timings[name].tokens = tokens
+    reference = next((n for n in names if n.startswith("HF generate float32")), names[0])
+    ref_tpot = statistics.median(timings[reference].tpot_s)
+    report = {}
+    print(f"{'configuration':<48} {'TPOT p50 ms':>11} {'tok/s':>7} {'vs ' + reference[:20]:>24}  same tokens")
+    for name in names:
+        tpot = statistics.median(timings[name].tpot_s)
+        same = timings[name].tokens == timings[reference].tokens
+        report[name] = {"tpot_s": timings[name].tpot_s, "tpot_p50_s": tpot, "ratio": tpot / ref_tpot,
+                        "same_tokens_as_reference": same}
+        print(f"{name:<48} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"reference": reference, "max_tokens": args.max_tokens, "rounds": args.rounds,
+                       "threads": torch.get_num_threads(), "results": report}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
