@@ -33,10 +33,11 @@ from loadtests.workloads.catalog import WORKLOADS, is_trace
 from loadtests.workloads.traces import SAMPLES, read_trace, trace_path
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
-# a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
-# ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
+# a capacity search whose points are capped to finish in about 5 minutes on 2 CPU cores (8 points of at
+# most 10 s warm-up + 20 s measured + the drain). ``users``, ``duration`` and ``warmup`` are a single
+# point's (--users, --ablate); ``search_*`` each search point's caps and interval target (--interval).
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
-                     "search_duration": 30.0, "search_warmup": 15.0, "search_interval": 5.0}
+                     "search_duration": 20.0, "search_warmup": 10.0, "search_interval": 5.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
                  "search_duration": 45.0, "search_warmup": 20.0, "search_interval": 5.0}
 # diagnose searches up to this many times the engine's seats (--max-num-seqs) unless --max-users says
