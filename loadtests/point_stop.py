@@ -1,7 +1,7 @@
 """When a load point has measured enough: it opens its window once the load is steady, and ends it once
 its throughput is known within the target (:class:`loadtests.config.StopRule`), or at its caps.
 
-The orchestrator reads the workers' live counts (each health sample, :mod:`loadtests.client_health`:
+The orchestrator reads the workers' live counts (each health sample, :mod:`loadtests.client.health`:
 content chunks received so far, in-flight requests included, requests in flight, decoding and done)
 about once a second and decides:
 

@@ -10,7 +10,7 @@ from loadtests.config import StopRule
 from loadtests.point_stop import MIN_MEASURE_S, LiveProgress, PointMonitor
 from reports.capacity.interval import batch_means_interval
 
-SAMPLE_S = 0.2  # the workers' health samples (loadtests.client_health)
+SAMPLE_S = 0.2  # the workers' health samples (loadtests.client.health)
 TOKENS_PER_REQUEST = 60
 
 
