@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,7 @@ class PointWindow:
     is_steady: bool = False  # False: the warm-up cap opened the window, not a steady load
 
     def to_dict(self) -> dict[str, Any]:
-        return {"measure_from": self.measure_from, "stop_at": self.stop_at, "why_started": self.why_started,
-                "why_stopped": self.why_stopped, "live_interval": self.live_interval, "is_steady": self.is_steady}
+        return asdict(self)
 
     @property
     def control(self) -> PointControl:
@@ -182,6 +181,10 @@ class PointMonitor:
                                               f"{self.warmup_cap_s:g} s; measured from there")
             self.window.why_stopped = f"reached the duration cap of {self.duration_cap_s:g} s"
             return self.window.control
+        assert self.window.stop_at is not None
+        if now >= self.window.stop_at:
+            self.is_done = True  # NOTE: ran to its cap: the drain after it is no part of the window
+            return None
         why = self._enough(progress, known)
         if why is None:
             return None
