@@ -188,7 +188,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `servescope bench` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope bench``."""
     from engine.flags import add_engine_args
 
     p = subparsers.add_parser("bench", help="offline throughput of each engine and lever on one workload")

@@ -20,13 +20,12 @@ from rich.console import Console
 
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from probes.peaks import MachinePeaks
-from probes.run_dir import SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity.interval import RateInterval
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import (
-    CAPACITY_NAME,
-    NO_QUEUE_SHARE,
     SERIAL_GAIN,
+    UNQUEUED_DECODING_SHARE,
     CapacitySearch,
     capacity_result,
     focus_users,
@@ -247,7 +246,7 @@ def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
         return False
     if capacity.serial_gain is not None and capacity.serial_gain < SERIAL_GAIN:
         return False
-    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < NO_QUEUE_SHARE
+    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
 
 
 def _write_index(out: Path, search: CapacitySearch) -> None:

@@ -1,8 +1,9 @@
-"""``servescope load`` (any OpenAI-compatible server) and ``servescope diagnose`` (ours, probed).
+"""The ``servescope`` command line: its one :func:`main`, every command listed in :func:`build_parser`.
 
-Both take the same load flags; ``diagnose`` also takes the engine flags of ``serve``. Registered
-through the ``servescope.commands`` entry-point group (:func:`register_load`, :func:`register_diagnose`);
-``python -m loadtests.cli`` runs them (and ``bench``) without an install.
+``load`` (any OpenAI-compatible server) and ``diagnose`` (ours, probed) are defined here and take the
+same load flags; ``diagnose`` also takes the engine flags of ``serve``. The other commands come from
+the package that owns them as register functions. ``python -m loadtests.cli`` is the same command
+without an install.
 """
 
 from __future__ import annotations
@@ -10,12 +11,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from engine.cli import register_fetch_model, register_generate
+from engine.server.cli import register as register_serve
+from loadtests.bench import register as register_bench
 from loadtests.client.load_context import API_KEY_ENV
+from loadtests.client.worker import register_worker
 from loadtests.config import (
     APIS,
     DEFAULT_MASTER_BIND_HOST,
@@ -29,8 +36,16 @@ from loadtests.config import (
     parse_sweep,
 )
 from loadtests.errors import RunFailedError
+from loadtests.gate.cli import register_gate
 from loadtests.workloads.catalog import WORKLOADS, is_trace
 from loadtests.workloads.traces import SAMPLES, read_trace, trace_path
+from probes.run_dir import RUNS_DIR
+from reports.cli import register_compare, register_report
+
+# What ``servescope --help`` opens with: the question the tool answers.
+DESCRIPTION = ("servescope answers why an LLM inference server is not faster, and which lever fixes it: it loads the "
+               "server (its bundled engine, probed, or any OpenAI-compatible one), names the bottleneck (batching, "
+               "KV cache or execution) with the evidence, and predicts what each lever would buy.")
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
 # a capacity search whose points are capped to finish in about 5 minutes on 2 CPU cores (8 points of at
@@ -199,7 +214,7 @@ def schedule_words(config: LoadConfig) -> str:
 
 
 def _out_dir(args: argparse.Namespace, command: str) -> Path:
-    return args.out if args.out is not None else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args.out if args.out is not None else RUNS_DIR / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
@@ -272,7 +287,7 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
 
 
 def register_load(subparsers: Any) -> None:
-    """Add ``servescope load`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope load``."""
     p = subparsers.add_parser(
         "load", help="load any OpenAI-compatible server with Locust and measure it (TTFT, TPOT, goodput...)",
         description="Drive an OpenAI-compatible server (servescope, vLLM, SGLang, TGI, llama.cpp) with Locust, "
@@ -292,7 +307,7 @@ def register_load(subparsers: Any) -> None:
 
 
 def register_diagnose(subparsers: Any) -> None:
-    """Add ``servescope diagnose`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope diagnose``."""
     from engine.flags import add_engine_args
     from engine.server.async_engine import DEFAULT_MAX_WAITING
     from engine.server.cli import ENGINE_KINDS
@@ -323,25 +338,60 @@ def diagnose_max_users(args: argparse.Namespace) -> int:
     return min(DEFAULT_MAX_USERS, SEATS_MULTIPLE * int(args.max_num_seqs))
 
 
-def register(subparsers: Any) -> None:
-    """Both commands, and ``bench``, for :func:`main`."""
-    from loadtests.bench import register as register_bench
-    from loadtests.client.worker import register_worker
+def build_parser() -> argparse.ArgumentParser:
+    """``servescope`` and every command it has, in the order ``--help`` lists them."""
+    parser = argparse.ArgumentParser(prog="servescope", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {servescope_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register_diagnose(sub)
+    register_load(sub)
+    register_report(sub)
+    register_compare(sub)
+    register_gate(sub)
+    register_serve(sub)
+    register_generate(sub)
+    register_bench(sub)
+    register_worker(sub)
+    register_fetch_model(sub)
+    return parser
 
-    register_load(subparsers)
-    register_diagnose(subparsers)
-    register_bench(subparsers)
-    register_worker(subparsers)
+
+def servescope_version() -> str:
+    """The installed distribution's version (pyproject.toml's)."""
+    try:
+        return version("servescope")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def ends_like_ctrl_c_on_sigterm() -> None:
+    """SIGTERM raises SystemExit(143) instead of killing the process outright, so ``finally`` blocks
+    and context managers run: the children a command started (Locust, a probed server) are stopped
+    and the run directory is closed, as on Ctrl-C. Left alone if someone already handles SIGTERM."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command: 2 with a one-line message for bad input, 130 on Ctrl-C, 143 on SIGTERM."""
+    ends_like_ctrl_c_on_sigterm()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("servescope: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        print(f"servescope: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m loadtests.cli {load,diagnose,bench,worker} ...``: the same commands without the entry points
-    (where the package is not installed, such as a lent GPU machine)."""
-    parser = argparse.ArgumentParser(prog="servescope")
-    register(parser.add_subparsers(dest="command", required=True))
-    from engine.cli import run_command
-
-    return run_command(parser.parse_args(argv))
+    """``servescope ...`` (pyproject's script) and ``python -m loadtests.cli ...``."""
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from loadtests.client.point_control import CONTROL_SLACK_S
 from loadtests.workloads.catalog import check_workload_name, is_trace
 
 APIS = ("completions", "chat")
@@ -21,6 +21,8 @@ DEFAULT_MAX_USERS = 64
 # Where a Locust master listens for its workers by default (Locust's own port, every interface).
 DEFAULT_MASTER_BIND_HOST = "*"
 DEFAULT_MASTER_PORT = 5557
+# What every Locust process of a run loads (a master, its workers, a lone runner), as users run it with plain Locust.
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 # Seconds a master waits for its --expect-workers to join before it gives up.
 DEFAULT_WORKER_WAIT_S = 300.0
 
@@ -39,6 +41,11 @@ class MasterConfig:
             raise ValueError(f"master bind port must be in 1..65535, got {self.bind_port}")
         if not (self.wait_s > 0 and math.isfinite(self.wait_s)):
             raise ValueError(f"the wait for workers must be a positive number of seconds, got {self.wait_s}")
+
+
+# Seconds past its caps (warm-up + duration) a controlled point's users go on when no stop came (a lost
+# orchestrator); the orchestrator itself stops every point within its caps.
+CONTROL_SLACK_S = 10.0
 
 
 @dataclass(slots=True, frozen=True)

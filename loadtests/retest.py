@@ -21,8 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadtests.config import LoadConfig
-from probes.run_dir import DIAGNOSIS_NAME, RunDirectory
-from reports.levers.attach import RETEST_NAME
+from probes.run_dir import DIAGNOSIS_NAME, RETEST_NAME, RunDirectory
 from reports.whole_table import print_whole
 
 MEASURES = ("output_throughput", "ttft_p50", "tpot_p50")

@@ -24,7 +24,6 @@ from typing import Any
 
 import pandas as pd
 
-EXECUTION_REFERENCE_NAME = "execution_reference.json"
 OPTIMIZED = "optimized"
 TARGET = "target"  # the server under test, timed from its client (execution_reference.json)
 

@@ -10,6 +10,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
     trace.json                    Chrome / Perfetto trace
     machine_peaks.json            probes.peaks.MachinePeaks, measured before the engine started
     step_calibration.json         probes.step_calibration.StepCalibration, measured before the load
+    execution_reference.json      probes.execution_paths.PathTiming: an outside server's decode step against ours
     load.json                     LoadInfo: the load point's config, its target and model, its load workers
     workers.json                  WorkerRoster: while a Locust master runs, the workers that joined it (then in load.json)
     point_control.json            while a point with a stopping rule runs: when its window opens and ends (loadtests.client.point_control)
@@ -19,7 +20,9 @@ This module owns the layout; every writer and reader of a run directory goes thr
     diagnosis.json, report.html   the verdict (reports.verdict.diagnosis.Diagnosis) and the page
 
 A sweep directory holds ``sweep.json`` (:class:`SweepIndex`) and one run directory per point; an
-ablation directory holds ``ablation.json`` and one directory per variant.
+ablation directory holds ``ablation.json`` and one directory per variant. A capacity search's directory
+is a sweep's with ``capacity.json`` (reports.capacity.result.CapacitySearch); each round of a
+``--retest`` holds ``retest.json`` (the lever pulled to reach it, what the lever it named gave).
 
 NOTE: every file appears only through a temp file + ``os.replace``, so a reader (or a run that
 crashed) never sees half a file: each name holds either nothing or a complete file. Temp files start
@@ -44,6 +47,8 @@ import pyarrow.parquet as pq
 
 from probes.peaks import MachinePeaks
 
+# Where servescope writes what it makes when no --out says otherwise: run directories, compare pages (git ignores it).
+RUNS_DIR = Path("runs")
 MANIFEST_NAME = "run.json"
 TRACE_NAME = "trace.json"
 PEAKS_NAME = "machine_peaks.json"
@@ -65,6 +70,10 @@ WORKERS_NAME = "workers.json"
 CONTROL_NAME = "point_control.json"
 PORT_FILE_NAME = ".server-port.json"
 GPU_CHECK_NAME = "gpu_check.json"
+CALIBRATION_NAME = "step_calibration.json"
+EXECUTION_REFERENCE_NAME = "execution_reference.json"
+CAPACITY_NAME = "capacity.json"
+RETEST_NAME = "retest.json"
 PARQUET_SUFFIX = ".parquet"
 PART_INFIX = ".part-"
 

@@ -17,6 +17,9 @@ _I64 = pa.int64()
 _STR = pa.string()
 _F64_LIST = pa.list_(pa.float64())
 
+# The phases of an engine step: name -> its column of seconds in STEPS, in the table's order.
+STEP_PHASES: dict[str, str] = {"schedule": "schedule_s", "prepare": "prepare_s", "forward": "forward_s",
+                               "sample": "sample_s", "output": "output_s", "host": "host_overhead_s"}
 STEPS = pa.schema([
     ("step_index", _I64),
     ("start_time", _F64),  # time.time() at step start

@@ -30,7 +30,6 @@ from typing import Any
 
 from probes.execution_paths import OPTIMIZED, PathTiming
 
-CALIBRATION_NAME = "step_calibration.json"
 MAX_BATCH = 16
 DEFAULT_REPEATS = 2
 DEFAULT_CONTEXT = 128

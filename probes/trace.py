@@ -25,7 +25,8 @@ PID_HOST = 2
 PID_GPU = 3
 TID_STEPS = 1
 # NOTE: the order the engine runs them in; the nested phase slices tile their step exactly.
-STEP_PHASES = ("schedule_s", "host_overhead_s", "prepare_s", "forward_s", "sample_s", "output_s")
+# The step phases (STEPS columns) in the order they run within a step, as the trace draws them.
+PHASES_IN_RUN_ORDER = ("schedule_s", "host_overhead_s", "prepare_s", "forward_s", "sample_s", "output_s")
 
 Event = dict[str, Any]
 
@@ -71,13 +72,13 @@ def _step_events(steps: pd.DataFrame, origin: float) -> list[Event]:
     for row in steps.to_dict("records"):
         start = _us(row["start_time"], origin)
         edges = [start]
-        for phase in STEP_PHASES:
+        for phase in PHASES_IN_RUN_ORDER:
             edges.append(edges[-1] + row[phase] * 1e6)
         args = {k: row[k] for k in ("step_index", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
                                     "num_running", "num_waiting", "num_preemptions", "num_prefix_hit_tokens")}
         events.append({"ph": "X", "name": "step", "cat": "engine", "pid": PID_ENGINE, "tid": TID_STEPS,
                        "ts": start, "dur": edges[-1] - start, "args": args})
-        for phase, begin, end in zip(STEP_PHASES, edges, edges[1:], strict=False):
+        for phase, begin, end in zip(PHASES_IN_RUN_ORDER, edges, edges[1:], strict=False):
             if end > begin:
                 events.append({"ph": "X", "name": phase.removesuffix("_s"), "cat": "engine", "pid": PID_ENGINE,
                                "tid": TID_STEPS, "ts": begin, "dur": end - begin})

@@ -1,4 +1,5 @@
-"""Reports: read a run directory, say which lever holds the server back, and draw it.
+"""Reports: read a run directory, say which bottleneck holds the server back and which lever frees it, and
+draw it.
 
 ``write_report(dir)`` writes ``dir/report.html`` and ``dir/diagnosis.json`` and returns the
 diagnosis as a dict; ``reports.verdict.diagnosis.diagnose(dir)`` returns the verdict alone.

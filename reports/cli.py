@@ -1,15 +1,13 @@
-"""``servescope report DIR`` and ``servescope compare DIR1 DIR2 ...``.
-
-Registered through the ``servescope.commands`` entry-point group (:func:`register_report`,
-:func:`register_compare`); ``python -m reports.cli`` runs them without an install.
-"""
+"""``servescope report DIR`` and ``servescope compare DIR1 DIR2 ...``, as register functions for
+``servescope``'s one ``main`` (loadtests.cli)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
+
+from probes.run_dir import RUNS_DIR
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -78,7 +76,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def register_report(subparsers: Any) -> None:
-    """Add ``servescope report`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope report``."""
     p = subparsers.add_parser(
         "report", help="(re)write DIR/report.html and DIR/diagnosis.json from a run directory",
         description="Diagnose a run, sweep or ablation directory (ours with engine probes, or an external "
@@ -89,36 +87,16 @@ def register_report(subparsers: Any) -> None:
 
 
 def register_compare(subparsers: Any) -> None:
-    """Add ``servescope compare`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope compare``."""
     p = subparsers.add_parser(
         "compare", help="runs side by side with deltas against the first",
         description="Diagnose each run directory and show their figures side by side, with each run's deltas "
                     "against the first; optionally fail when any figure regresses past a tolerance.")
     p.add_argument("dirs", nargs="+", type=Path, help="run directories; the first is the baseline")
     p.add_argument("--labels", default=None, help="comma-separated names for the runs (default: directory names)")
-    p.add_argument("--out", default="compare.html", help="HTML file to write (default %(default)s)")
+    p.add_argument("--out", default=str(RUNS_DIR / "compare.html"), help="HTML file to write (default %(default)s)")
     p.add_argument("--json", default=None, help="also write the comparison as JSON here")
     p.add_argument("--max-regression", type=float, default=None,
                    help="exit 1 if any figure is worse than the baseline's by more than this share (0.1 = 10%%)")
     p.set_defaults(func=_cmd_compare)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m reports.cli {report,compare} ...``: the same commands without the entry points."""
-    from reports.dataset import DatasetError
-
-    parser = argparse.ArgumentParser(prog="servescope")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register_report(sub)
-    register_compare(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, DatasetError) as exc:
-        print(f"servescope: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 

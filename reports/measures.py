@@ -1,8 +1,9 @@
 """The figures a diagnosis and a report are built on, computed once from a :class:`RunDataset`.
 
 Three sources, each optional: the engine's steps (``ServerMeasures``), what the clients saw
-(``ClientMeasures``), and an external server's ``/metrics`` (``PrometheusMeasures``). Step
-figures are weighted by step time, so a long prefill step counts for the time it held the device.
+(``ClientMeasures``, and ``OpenLoopMeasures`` for an open loop's schedule), and an external server's
+``/metrics`` (``PrometheusMeasures``, beside the adapters that read them: reports.metric_adapters).
+Step figures are weighted by step time, so a long prefill step counts for the time it held the device.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from reports.dataset import RunDataset
-from reports.metric_adapters import SIGNALS, MetricAdapter, adapter_for
 
 PERCENTILES = (50, 90, 95, 99)
 MAX_ERRORS_SHOWN = 5
@@ -95,18 +95,12 @@ class ClientMeasures:
 
 
 @dataclass(slots=True)
-class PrometheusMeasures:
-    """An OpenAI-compatible server's own gauges and counters over the window, read by its family's adapter."""
+class OpenLoopMeasures:
+    """Whether an open-loop generator kept to its schedule."""
 
-    num_scrapes: int
-    mean_running: float | None
-    mean_waiting: float | None
-    waiting_share: float | None  # share of scrapes with requests waiting
-    kv_usage_mean: float | None
-    kv_usage_peak: float | None
-    num_preemptions: int | None
-    adapter: str = "vllm"  # the server family whose names were read (reports.metric_adapters)
-    names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # signal -> the sample read
+    offered_rate_per_s: float | None
+    achieved_send_rate_per_s: float
+    send_lag_s: dict[str, float] | None  # send time - scheduled time
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -289,67 +283,16 @@ def goodput(rows: pd.DataFrame, slo: dict[str, float], window_s: float) -> dict[
             "good_requests_per_s": num_good / window_s if window_s > 0 else None}
 
 
-# -- prometheus -------------------------------------------------------------------------------
-def metrics_adapter(data: RunDataset) -> MetricAdapter | None:
-    """The adapter for the names this run's ``/metrics`` scrapes hold; None without scrapes or known names."""
-    if not data.has_prometheus:
+def open_loop_measures(data: RunDataset) -> OpenLoopMeasures | None:
+    """Offered against achieved send rate and the send lag, for an open-loop point with client rows."""
+    if data.load_config.get("mode") != "open" or data.client is None:
         return None
-    return adapter_for(set(data.frame("prometheus")["sample"].unique()))
-
-
-def prometheus_series(data: RunDataset, sample: str, how: Literal["sum", "mean"] = "sum",
-                      fill: float | None = None) -> pd.Series | None:
-    """One value per scrape inside the window for ``sample`` (its label sets summed, or averaged with
-    ``how="mean"``), by scrape time; with ``fill``, every scrape without the sample gets that value."""
-    frame = data.frame("prometheus")
-    start, end = data.window
-    if math.isfinite(start) and math.isfinite(end):
-        inside = frame[(frame["time"] >= start) & (frame["time"] <= end)]
-        frame = inside if len(inside) else frame
-    rows = frame[frame["sample"] == sample]
-    if rows.empty:
+    measured = data.client[~data.client["is_warmup"]]
+    if len(measured) < 2:
         return None
-    series = rows.groupby("time")["value"].agg(how).sort_index()
-    return series if fill is None else series.reindex(np.sort(frame["time"].unique()), fill_value=fill)
-
-
-def signal_series(data: RunDataset, adapter: MetricAdapter, signal: str) -> tuple[str | None, pd.Series | None]:
-    """``(sample name read, series)`` of one of the adapter's SIGNALS; KV usage as a 0..1 share.
-
-    NOTE: a labelled counter has no sample until its first increment (SGLang's retractions), so a
-    scrape without it counts 0.
-    """
-    if signal not in SIGNALS:
-        raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
-    present = set(data.frame("prometheus")["sample"].unique())
-    if signal == "kv_usage" and adapter.kv_tokens is not None and all(n in present for n in adapter.kv_tokens):
-        used, capacity = (prometheus_series(data, n) for n in adapter.kv_tokens)
-        if used is None or capacity is None:
-            return None, None
-        ratio = (used / capacity.reindex(used.index).replace(0.0, np.nan)).dropna()
-        return "/".join(adapter.kv_tokens), (ratio if len(ratio) else None)
-    name = adapter.first_present(getattr(adapter, signal), present)
-    if name is None:
-        return None, None
-    if signal == "kv_usage":
-        return name, prometheus_series(data, name, how="mean")
-    return name, prometheus_series(data, name, fill=0.0 if signal in ("preemptions", "finished") else None)
-
-
-def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
-    """The server's gauges over the window; None when there are no scrapes or no adapter knows their names."""
-    adapter = metrics_adapter(data)
-    if adapter is None:
-        return None
-    read = {signal: signal_series(data, adapter, signal) for signal in SIGNALS}
-    running, waiting, usage, preempt = (read[s][1] for s in ("running", "waiting", "kv_usage", "preemptions"))
-    return PrometheusMeasures(
-        num_scrapes=int(data.frame("prometheus")["scrape_index"].nunique()),
-        mean_running=float(running.mean()) if running is not None else None,
-        mean_waiting=float(waiting.mean()) if waiting is not None else None,
-        waiting_share=float((waiting > 0).mean()) if waiting is not None else None,
-        kv_usage_mean=float(usage.mean()) if usage is not None else None,
-        kv_usage_peak=float(usage.max()) if usage is not None else None,
-        num_preemptions=int(round(preempt.iloc[-1] - preempt.iloc[0])) if preempt is not None else None,
-        adapter=adapter.name, names={signal: name for signal, (name, _) in read.items()},
+    sends = np.sort(measured["send_time"].to_numpy())
+    return OpenLoopMeasures(
+        offered_rate_per_s=data.load_config.get("rate"),
+        achieved_send_rate_per_s=(len(sends) - 1) / float(sends[-1] - sends[0]),
+        send_lag_s=distribution(measured["send_time"] - measured["scheduled_time"]),
     )

@@ -1,4 +1,5 @@
-"""Which of a server's own ``/metrics`` samples carry the signals the external rules read.
+"""A server's own ``/metrics``: which of its samples carry the signals the external rules read, and the
+measures read off the scrapes with them (:class:`PrometheusMeasures`).
 
 Each server family names its queue, batch, KV-usage and preemption figures its own way; one
 :class:`MetricAdapter` per family maps them to the five signals below, by the sample names that
@@ -13,8 +14,16 @@ Every KV figure here is a 0..1 share of the server's KV pool, whatever its name 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from reports.dataset import RunDataset
 
 SIGNALS = ("running", "waiting", "kv_usage", "preemptions", "finished")
 
@@ -118,3 +127,110 @@ LLAMACPP = register(MetricAdapter(
     waiting=("llamacpp:requests_deferred",),
     kv_usage=("llamacpp:kv_cache_usage_ratio",),
 ))
+
+
+@dataclass(slots=True)
+class PrometheusMeasures:
+    """An OpenAI-compatible server's own gauges and counters over the window, read by its family's adapter."""
+
+    num_scrapes: int
+    mean_running: float | None
+    mean_waiting: float | None
+    waiting_share: float | None  # share of scrapes with requests waiting
+    kv_usage_mean: float | None
+    kv_usage_peak: float | None
+    num_preemptions: int | None
+    adapter: str = "vllm"  # the server family whose names were read (reports.metric_adapters)
+    names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # signal -> the sample read
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def metrics_adapter(data: RunDataset) -> MetricAdapter | None:
+    """The adapter for the names this run's ``/metrics`` scrapes hold; None without scrapes or known names."""
+    if not data.has_prometheus:
+        return None
+    return adapter_for(set(data.frame("prometheus")["sample"].unique()))
+
+
+def prometheus_series(data: RunDataset, sample: str, how: Literal["sum", "mean"] = "sum",
+                      fill: float | None = None) -> pd.Series | None:
+    """One value per scrape inside the window for ``sample`` (its label sets summed, or averaged with
+    ``how="mean"``), by scrape time; with ``fill``, every scrape without the sample gets that value."""
+    frame = data.frame("prometheus")
+    start, end = data.window
+    if math.isfinite(start) and math.isfinite(end):
+        inside = frame[(frame["time"] >= start) & (frame["time"] <= end)]
+        frame = inside if len(inside) else frame
+    rows = frame[frame["sample"] == sample]
+    if rows.empty:
+        return None
+    series = rows.groupby("time")["value"].agg(how).sort_index()
+    return series if fill is None else series.reindex(np.sort(frame["time"].unique()), fill_value=fill)
+
+
+def signal_series(data: RunDataset, adapter: MetricAdapter, signal: str) -> tuple[str | None, pd.Series | None]:
+    """``(sample name read, series)`` of one of the adapter's SIGNALS; KV usage as a 0..1 share.
+
+    NOTE: a labelled counter has no sample until its first increment (SGLang's retractions), so a
+    scrape without it counts 0.
+    """
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
+    present = set(data.frame("prometheus")["sample"].unique())
+    if signal == "kv_usage" and adapter.kv_tokens is not None and all(n in present for n in adapter.kv_tokens):
+        used, capacity = (prometheus_series(data, n) for n in adapter.kv_tokens)
+        if used is None or capacity is None:
+            return None, None
+        ratio = (used / capacity.reindex(used.index).replace(0.0, np.nan)).dropna()
+        return "/".join(adapter.kv_tokens), (ratio if len(ratio) else None)
+    name = adapter.first_present(getattr(adapter, signal), present)
+    if name is None:
+        return None, None
+    if signal == "kv_usage":
+        return name, prometheus_series(data, name, how="mean")
+    return name, prometheus_series(data, name, fill=0.0 if signal in ("preemptions", "finished") else None)
+
+
+def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
+    """The server's gauges over the window; None when there are no scrapes or no adapter knows their names."""
+    adapter = metrics_adapter(data)
+    if adapter is None:
+        return None
+    read = {signal: signal_series(data, adapter, signal) for signal in SIGNALS}
+    running, waiting, usage, preempt = (read[s][1] for s in ("running", "waiting", "kv_usage", "preemptions"))
+    return PrometheusMeasures(
+        num_scrapes=int(data.frame("prometheus")["scrape_index"].nunique()),
+        mean_running=float(running.mean()) if running is not None else None,
+        mean_waiting=float(waiting.mean()) if waiting is not None else None,
+        waiting_share=float((waiting > 0).mean()) if waiting is not None else None,
+        kv_usage_mean=float(usage.mean()) if usage is not None else None,
+        kv_usage_peak=float(usage.max()) if usage is not None else None,
+        num_preemptions=int(round(preempt.iloc[-1] - preempt.iloc[0])) if preempt is not None else None,
+        adapter=adapter.name, names={signal: name for signal, (name, _) in read.items()},
+    )
+
+
+def finished_requests(data: RunDataset) -> int | None:
+    """How many requests the server's own counter says finished over the whole run (warm-up included);
+    None without scrapes, a known adapter or a finished counter."""
+    adapter = metrics_adapter(data)
+    if adapter is None:
+        return None
+    present = set(data.frame("prometheus")["sample"].unique())
+    counter = adapter.first_present(adapter.finished, present)
+    return _counter_growth(data.frame("prometheus"), counter) if counter is not None else None
+
+
+def _counter_growth(frame: pd.DataFrame, sample: str) -> int | None:
+    """How much counter ``sample`` (summed over labels) grew from the first scrape to the last.
+
+    NOTE: a labelled counter has no sample until its first increment, so a scrape without it counts 0.
+    """
+    rows = frame[frame["sample"] == sample]
+    if rows.empty:
+        return None
+    scrapes = sorted(frame["scrape_index"].unique())
+    per_scrape = rows.groupby("scrape_index")["value"].sum().reindex(scrapes, fill_value=0.0)
+    return int(round(per_scrape.iloc[-1] - per_scrape.iloc[0]))

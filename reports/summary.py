@@ -12,20 +12,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from probes.run_dir import LoadWorker
 from reports.dataset import RunDataset
 from reports.measures import (
     ClientMeasures,
-    PrometheusMeasures,
+    OpenLoopMeasures,
     ServerMeasures,
     client_measures,
-    distribution,
-    metrics_adapter,
-    prometheus_measures,
+    open_loop_measures,
     server_measures,
 )
+from reports.metric_adapters import PrometheusMeasures, finished_requests, prometheus_measures
 
 
 @dataclass(slots=True)
@@ -49,18 +47,6 @@ class Accounting:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Accounting:
         return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
-
-
-@dataclass(slots=True)
-class OpenLoopMeasures:
-    """Whether an open-loop generator kept to its schedule."""
-
-    offered_rate_per_s: float | None
-    achieved_send_rate_per_s: float
-    send_lag_s: dict[str, float] | None  # send time - scheduled time
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # When the load generator may be what limits a run (a client that is the bottleneck reads the
@@ -163,13 +149,15 @@ class RunSummary:
 
 def point_measures(data: RunDataset) -> PointMeasures:
     """Every measure of one loaded point."""
-    client = data.client
-    open_loop, workers = open_loop_measures(data), worker_health(data)
+    client, open_loop, server = client_measures(data), open_loop_measures(data), server_measures(data)
+    prometheus = prometheus_measures(data)
+    workers = worker_health(data)
+    rows = data.client
     return PointMeasures(
         label=data.label, concurrency=data.concurrency, load=dict(data.load_config),
         target=data.load_info.target if data.load_info is not None else None, model=data.model,
-        num_warmup_requests=int(client["is_warmup"].sum()) if client is not None else 0,
-        client=client_measures(data), server=server_measures(data), prometheus=prometheus_measures(data),
+        num_warmup_requests=int(rows["is_warmup"].sum()) if rows is not None else 0,
+        client=client, server=server, prometheus=prometheus,
         open_loop=open_loop, accounting=accounting(data), workers=workers,
         warnings=[*client_warnings(workers, open_loop, int(data.load_config.get("processes") or len(workers) or 1)),
                   *lost_worker_warnings(data.load_info.lost_workers if data.load_info is not None else [])],
@@ -237,47 +225,16 @@ def lost_worker_warnings(lost: list[LoadWorker]) -> list[RunWarning]:
         f"last message); the load after that came from the other workers only", float(w.num_unrecorded), 0.0) for w in lost]
 
 
-def open_loop_measures(data: RunDataset) -> OpenLoopMeasures | None:
-    """Offered against achieved send rate and the send lag, for an open-loop point with client rows."""
-    if data.load_config.get("mode") != "open" or data.client is None:
-        return None
-    measured = data.client[~data.client["is_warmup"]]
-    if len(measured) < 2:
-        return None
-    sends = np.sort(measured["send_time"].to_numpy())
-    return OpenLoopMeasures(
-        offered_rate_per_s=data.load_config.get("rate"),
-        achieved_send_rate_per_s=(len(sends) - 1) / float(sends[-1] - sends[0]),
-        send_lag_s=distribution(measured["send_time"] - measured["scheduled_time"]),
-    )
-
-
 def accounting(data: RunDataset) -> Accounting:
     stats = data.locust_stats
     http = stats[stats["Type"] == "POST"] if stats is not None else None
-    finished = None
     if "requests" in data.frames:
         finished = int(data.frames["requests"]["is_finished"].sum())
-    elif (adapter := metrics_adapter(data)) is not None:
-        present = set(data.frame("prometheus")["sample"].unique())
-        counter = adapter.first_present(adapter.finished, present)
-        finished = _counter_growth(data.frame("prometheus"), counter) if counter is not None else None
+    else:
+        finished = finished_requests(data)
     return Accounting(
         client_rows=len(data.client) if data.client is not None else None,
         locust_http_requests=int(http["Request Count"].sum()) if http is not None else None,
         locust_http_failures=int(http["Failure Count"].sum()) if http is not None else None,
         server_finished_requests=finished,
     )
-
-
-def _counter_growth(frame: pd.DataFrame, sample: str) -> int | None:
-    """How much counter ``sample`` (summed over labels) grew from the first scrape to the last.
-
-    NOTE: a labelled counter has no sample until its first increment, so a scrape without it counts 0.
-    """
-    rows = frame[frame["sample"] == sample]
-    if rows.empty:
-        return None
-    scrapes = sorted(frame["scrape_index"].unique())
-    per_scrape = rows.groupby("scrape_index")["value"].sum().reindex(scrapes, fill_value=0.0)
-    return int(round(per_scrape.iloc[-1] - per_scrape.iloc[0]))

@@ -34,6 +34,8 @@ from studies.wire import Capture, WireTimings, read_capture
 
 PEERS = Path(shutil.which("guidellm") or "guidellm").parent
 SS = Path(shutil.which("servescope") or "servescope").parent
+if len(sys.argv) != 5:
+    sys.exit(f"usage: python -m studies.fidelity DIR CONCURRENCIES PROCESSES SECONDS\n\n{__doc__}")
 work = Path(sys.argv[1])
 work.mkdir(parents=True, exist_ok=True)
 conc = [int(c) for c in sys.argv[2].split(",")]

@@ -90,6 +90,9 @@ def row(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: python -m studies.retest_study DIR [SCENARIO ...]\n\n{__doc__}", file=sys.stderr)
+        return 2
     root = Path(argv[0])
     names = set(argv[1:])
     root.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 ``--continuous-batching``) and llama-cpp-python's server on the same SmolLM2-135M GGUF, each loaded
 by the same ``servescope load --sweep users=...`` command, one server after the other.
 
-    flock /tmp/ss-cpu.lock python studies/servers.py OUT [--servers ours,tf,tf-cb,llama]
+    flock /tmp/ss-cpu.lock python -m studies.servers OUT [--servers ours,tf,tf-cb,llama]
         [--users 1,4,8,16] [--duration 30] [--warmup 5] [--max-tokens 48]
         [--ours NAME='serve flags' ...]
 

@@ -1,24 +1,36 @@
 """The packages' layering, read from the code's own imports: no cycles, and no import against the layers.
 
 engine/ stands alone; probes/ observes the engine; reports/ reads run directories (probes' records);
-loadtests/ drives all of them. Every import counts, including those inside functions.
+loadtests/ drives all of them, and its cli.py, the one ``servescope`` main, is the top floor; studies/
+(scripts that measure) may use everything and nothing uses them. Inside reports/ and loadtests/ each
+folder is one feature, on a floor of its own: a folder imports only folders below it, and no two
+rooms (a folder, or a module at the package's top) import each other in a circle. Every import
+counts, including those inside functions.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "probes", "loadtests", "reports")
+PACKAGES = ("engine", "probes", "loadtests", "reports", "studies")
 # package -> the project packages it must never import
 FORBIDDEN = {
-    "engine": {"probes", "loadtests", "reports"},
-    "probes": {"loadtests", "reports"},
-    "reports": {"engine", "loadtests"},
-    "loadtests": set(),
+    "engine": {"probes", "loadtests", "reports", "studies"},
+    "probes": {"loadtests", "reports", "studies"},
+    "reports": {"engine", "loadtests", "studies"},
+    "loadtests": {"studies"},
+    "studies": set(),
 }
+# The folders of a package, from the ground up: a module in one imports nothing from a folder above it.
+FLOORS = {
+    "reports": ("reports.capacity", "reports.levers", "reports.verdict", "reports.html", "reports.gate"),
+    "loadtests": ("loadtests.workloads", "loadtests.client", "loadtests.run", "loadtests.gate"),
+}
+TOP_FLOOR = "loadtests.cli"
 
 
 def _modules() -> dict[str, Path]:
@@ -47,6 +59,7 @@ def _imported(node: ast.AST, module: str, is_package: bool, modules: dict[str, P
             yield submodule if submodule in modules else base
 
 
+@cache  # NOTE: parsed once for every test here; none changes it
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (``from a import b`` names ``a.b`` when that is a module)."""
     modules = _modules()
@@ -97,11 +110,27 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def room(module: str) -> str:
+    """The room a module stands in: its folder inside a package (``reports.verdict``), else itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else module
+
+
+def room_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """room -> the rooms of ``package`` it imports (a folder counts as one room)."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module.split(".")[0] == package:
+            rooms.setdefault(room(module), set()).update(
+                room(t) for t in targets if t.split(".")[0] == package and room(t) != room(module))
+    return rooms
+
+
 def test_the_graph_sees_the_imports_it_must() -> None:
     graph = import_graph()
     assert "engine.flags" in graph["engine.cli"]
     assert "probes.run_dir" in graph["reports.dataset"]
-    assert "reports" in graph["loadtests.run.summary"]  # a package's __init__ counts as a module
+    assert "reports" in graph["loadtests.run.finish"]  # a package's __init__ counts as a module
 
 
 def test_no_import_cycles() -> None:
@@ -116,3 +145,31 @@ def test_no_package_imports_against_the_layers() -> None:
     wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
              if target.split(".")[0] in FORBIDDEN[module.split(".")[0]]]
     assert wrong == []
+
+
+def test_a_folder_imports_no_folder_above_it() -> None:
+    wrong = []
+    for module, targets in import_graph().items():
+        floors = FLOORS.get(module.split(".")[0], ())
+        if room(module) not in floors:
+            continue
+        wrong += [f"{module} imports {target}" for target in targets
+                  if room(target) in floors and floors.index(room(target)) > floors.index(room(module))]
+    assert wrong == []
+
+
+def test_no_rooms_import_each_other_in_a_circle() -> None:
+    for package in FLOORS:
+        assert cycles(room_graph(import_graph(), package)) == [], package
+
+
+def test_nothing_imports_the_command_line() -> None:
+    assert [module for module, targets in import_graph().items() if TOP_FLOOR in targets] == []
+
+
+def test_the_room_checks_see_what_they_must() -> None:
+    graph = import_graph()
+    assert "reports.capacity" in room_graph(graph, "reports")["reports.verdict"]
+    assert room("reports.verdict.rules") == "reports.verdict" and room("reports.summary") == "reports.summary"
+    assert cycles(room_graph({"x.a.m": {"x.b.n"}, "x.b.n": {"x.c"}, "x.c": {"x.a.o"}, "x.a.o": set()}, "x")) == [
+        ["x.a", "x.b", "x.c"]]

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.client.point_control import CONTROL_SLACK_S, PointControl
+from loadtests.client.point_control import PointControl
 from loadtests.client.records import ClientRecord, Clock, Journal
 from loadtests.client.sse import StreamTimer
+from loadtests.config import CONTROL_SLACK_S
 from loadtests.plan import PlannedRequest
 from loadtests.workloads.arrival import OpenLoopArrivals
 

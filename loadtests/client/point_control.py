@@ -28,9 +28,6 @@ CONTROL_MESSAGE = "servescope_control"
 # NOTE: POLL_S must stay well under LEAD_S, or a request could be sent before its worker knew its window.
 LEAD_S = 0.5
 POLL_S = 0.1
-# Seconds past its caps (warm-up + duration) a controlled point's users go on when no stop came (a lost
-# orchestrator); the orchestrator itself stops every point within its caps.
-CONTROL_SLACK_S = 10.0
 
 
 @dataclass(slots=True, frozen=True)

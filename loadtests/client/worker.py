@@ -18,12 +18,9 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
-from loadtests.config import DEFAULT_MASTER_PORT
-
-LOCUSTFILE = Path(__file__).parents[1] / "locustfile.py"
+from loadtests.config import DEFAULT_MASTER_PORT, LOCUSTFILE
 
 
 def worker_command(master_host: str, master_port: int) -> list[str]:
@@ -47,7 +44,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def register_worker(subparsers: Any) -> None:
-    """Add ``servescope worker`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope worker``."""
     p = subparsers.add_parser(
         "worker", help="join a `servescope load --master` run as one of its Locust workers, from any machine",
         description="Run one Locust worker for a `servescope load --master` run. The plan, target and load "

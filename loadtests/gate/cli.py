@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from reports.gate.verdict import ABVerdict
 
 NO_REF = ""  # ``--ab`` given without a ref: two configurations of one build
+AB_NAME = "ab.json"  # in --out, beside steps_base.parquet and steps_candidate.parquet
 
 
 def _usage(message: str) -> int:
@@ -130,12 +131,12 @@ def _write_ab(out: Path, run: ABRun, verdict: ABVerdict, clock: str) -> None:
         record[name] = {"flags": side.spec.flags, "ref": side.spec.ref, "config": side.config,
                         "round_s": side.round_s, "round_cpu_s": side.round_cpu_s}
         side.steps().to_parquet(out / f"steps_{name}.parquet", index=False)
-    (out / "ab.json").write_text(json.dumps(record, indent=2, default=str))
-    print(f"wrote {out / 'ab.json'} and the step tables", file=sys.stderr)
+    (out / AB_NAME).write_text(json.dumps(record, indent=2, default=str))
+    print(f"wrote {out / AB_NAME} and the step tables", file=sys.stderr)
 
 
 def register_gate(subparsers: Any) -> None:
-    """Add ``servescope gate`` (entry point of the ``servescope.commands`` group)."""
+    """Add ``servescope gate``."""
     p = subparsers.add_parser(
         "gate", help="fail CI when a build or configuration regresses (floors, a baseline run, or --ab)",
         description="Exit 0 on pass, 1 on a regression, 2 on bad input or a check that cannot be made.")

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from probes.execution_paths import EXECUTION_REFERENCE_NAME, OPTIMIZED, TARGET, PathTiming, measure_paths
+from probes.execution_paths import OPTIMIZED, TARGET, PathTiming, measure_paths
 from probes.model_shape import resolve_model_shape
-from probes.run_dir import RunDirectory
+from probes.run_dir import EXECUTION_REFERENCE_NAME, RunDirectory
 
 # (batch, context) -> a callable that times one decode step of the target, in seconds
 TargetStep = Callable[[int, int], Callable[[], float]]

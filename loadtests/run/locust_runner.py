@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from loadtests.client.load_context import API_KEY_ENV
-from loadtests.config import LoadConfig
+from loadtests.config import LOCUSTFILE, LoadConfig
 from loadtests.errors import LocustFailedError, WorkersMissingError
 from loadtests.run.processes import kill_group, spawn
 from probes.run_dir import (
@@ -34,7 +34,6 @@ from probes.run_dir import (
     WorkerRoster,
 )
 
-LOCUSTFILE = Path(__file__).parents[1] / "locustfile.py"
 # Seconds past run time + stop timeout before Locust's own -t stops the run. The run normally
 # ends itself once the last in-flight request is done (see loadtests.locustfile); -t only bounds it.
 RUN_TIME_MARGIN_S = 10.0
@@ -112,7 +111,7 @@ def run_locust(config: LoadConfig, url: str, run_dir: Path, model: str,
                     on_tick(elapsed)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(TICK_S)
-        except BaseException:  # Ctrl-C, SIGTERM (see engine.cli), a failed tick: no worker outlives us
+        except BaseException:  # Ctrl-C, SIGTERM (see loadtests.cli), a failed tick: no worker outlives us
             kill_group(process)
             raise
         kill_group(process)  # workers a crashed master left behind

@@ -1,7 +1,7 @@
 """Headless runs: plan, Locust, merge, per load point; a sweep is several points into one directory.
 
 ``run_diagnose`` starts our server (probed) per point; ``run_load`` drives any OpenAI-compatible
-server and scrapes its ``/metrics`` when it has one. Both finish with :func:`loadtests.run.summary.write_summary`.
+server and scrapes its ``/metrics`` when it has one. Both finish with :func:`loadtests.run.finish.finish_run`.
 
 With one point, ``OUT`` is the run directory; with ``--sweep``, ``OUT/sweep.json`` lists the
 points and each has its own run directory ``OUT/users-4/`` (and so on); :mod:`probes.run_dir`
@@ -21,20 +21,20 @@ from rich.console import Console
 from loadtests.capacity import search_capacity, verdict_users
 from loadtests.client.table import merge_journals, take_worker_roster
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
-from loadtests.errors import NoVerdictError, ReportFailedError
 from loadtests.plan import build_plan, write_plan
 from loadtests.point_stop import PointController
+from loadtests.run.finish import Summary, finish_run
 from loadtests.run.locust_runner import run_locust
-from loadtests.run.progress import LoadProgress, summary_table
+from loadtests.run.progress import LoadProgress
 from loadtests.run.server_process import ServerProcess
-from loadtests.run.summary import Summary, write_summary
 from loadtests.run.target import Target, discover_target, is_this_machine, probe_request
 from loadtests.workloads.catalog import TokenizerLike
 from loadtests.workloads.tokenizer import DEFAULT_TOKENIZER, is_known_model, load_tokenizer
+from probes.loader import load_run
 from probes.peaks import measure_peaks
 from probes.run_dir import (
-    DIAGNOSIS_NAME,
     LOAD_NAME,
+    MANIFEST_NAME,
     PEAKS_NAME,
     PLAN_NAME,
     REPORT_NAME,
@@ -45,12 +45,15 @@ from probes.run_dir import (
     SweepIndex,
     SweepPoint,
 )
-from reports.whole_table import print_whole
+from probes.schemas import TABLE_SCHEMAS
 
 if TYPE_CHECKING:
     from probes.session import ProbeSession
 
 SERVER_STARTUP_TIMEOUT_S = 600.0
+# The column that places each engine-side table's rows in time (split_server_run).
+TIME_COLUMNS = {"steps": "start_time", "requests": "arrival_time", "host": "time", "nvml": "time",
+                "prometheus": "time"}
 
 
 def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: TokenizerLike, console: Console,
@@ -113,7 +116,7 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
                 returncode = server.stop()
         if returncode != 0:
             console.print(f"[yellow]warning:[/] the server exited with status {returncode}; see {server.log_path}")
-    return _finish(out, console)
+    return finish_run(out, console)
 
 
 def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: str, console: Console) -> dict:
@@ -184,13 +187,13 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
                                model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
         time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
                        ignore_eos=configs[0].ignore_eos)
-        return _finish(out, console)
+        return finish_run(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
 
     time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
                    ignore_eos=configs[-1].ignore_eos)
-    return _finish(out, console)
+    return finish_run(out, console)
 
 
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
@@ -219,8 +222,6 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
                         search: SearchOptions) -> Summary:
     """A capacity search against one probed server kept alive across its points (a restart per point
     costs a model load); its probe tables are then cut into each point's run directory."""
-    from loadtests.run.split_run import split_server_run
-
     server_dir = out.parent / f".{out.name}-server"
     if server_dir.exists():
         raise ValueError(f"{server_dir} exists; remove it or pick another --out")
@@ -254,7 +255,35 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
             shutil.copyfile(server_dir / PEAKS_NAME, out / PEAKS_NAME)
     finally:
         shutil.rmtree(server_dir, ignore_errors=True)
-    return _finish(out, console)
+    return finish_run(out, console)
+
+
+def split_server_run(server_dir: Path, point_dirs: list[Path]) -> None:
+    """Cut the probe tables of one server kept alive across several load points into each point's run directory.
+
+    Each point's directory gets the rows that fall inside its load (``load.json``'s ``started_at`` to
+    ``finished_at``), a ``run.json`` naming its own load, and the server's ``machine_peaks.json``, so it
+    reads as if it had had its own server.
+    """
+    run = load_run(server_dir)
+    for point_dir in point_dirs:
+        point = RunDirectory(point_dir)
+        info = point.load_info()
+        if info is None or info.started_at is None or info.finished_at is None:
+            raise ValueError(f"{point_dir} has no finished load in {LOAD_NAME}, so its rows cannot be placed")
+        for name, frame in run.frames.items():
+            column = TIME_COLUMNS.get(name)
+            if column is None:
+                raise ValueError(f"{server_dir}: table {name!r} has no time column to split it by")
+            inside = frame[(frame[column] >= info.started_at) & (frame[column] <= info.finished_at)]
+            point.write_frame(name, inside, TABLE_SCHEMAS[name])
+        manifest = run.manifest
+        manifest.workload = info.to_dict()
+        manifest.started_at, manifest.stopped_at = info.started_at, info.finished_at
+        point.write_json(MANIFEST_NAME, manifest.to_dict())
+        peaks = server_dir / PEAKS_NAME
+        if peaks.is_file():
+            shutil.copyfile(peaks, point_dir / PEAKS_NAME)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -311,34 +340,3 @@ def _prepare_out(out: Path, configs: list[LoadConfig], sweep: tuple[str, list[fl
         d.mkdir()
     return dirs
 
-
-def _finish(out: Path, console: Console) -> Summary:
-    try:
-        summary = write_summary(out)
-    except Exception as exc:  # noqa: BLE001 - the run itself is safe on disk; say how to retry
-        raise ReportFailedError(f"the run in {out} is complete, but writing its report failed: "
-                                f"{type(exc).__name__}: {exc}; rerun `servescope report {out}`") from exc
-    print_whole(console, summary_table(summary.measures))
-    for point in summary.measures.points:
-        if not point.accounting.is_consistent:
-            console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "
-                          f"{point.accounting.to_dict()}")
-        for warning in point.warnings:
-            console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
-    diagnosis = summary.diagnosis
-    if diagnosis.capacity is not None and diagnosis.has_verdict:
-        from reports.html.capacity import headline
-
-        for line in headline(diagnosis.capacity):
-            console.print(f"[bold]{line}[/]" if line.startswith("Capacity") else line, highlight=False)
-    if not diagnosis.has_verdict:
-        console.print(f"[bold red]{diagnosis.summary}[/]")
-        console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
-        raise NoVerdictError(f"the run in {out} cannot be judged: {diagnosis.summary}")
-    at = f" (at {diagnosis.label})" if diagnosis.capacity is not None else ""
-    console.print(f"bottleneck{at}: [bold]{diagnosis.bottleneck}[/]: {diagnosis.summary}", highlight=False)
-    evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
-    for e in evidence:
-        console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
-    console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
-    return summary

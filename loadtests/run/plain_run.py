@@ -30,7 +30,7 @@ import gevent
 from loadtests.client.load_context import API_KEY_ENV
 from loadtests.config import LoadConfig
 from loadtests.plan import build_plan, write_plan
-from probes.run_dir import LOAD_NAME, LOCUST_STATS_NAME, PLAN_NAME, LoadInfo, RunDirectory
+from probes.run_dir import LOAD_NAME, LOCUST_STATS_NAME, PLAN_NAME, RUNS_DIR, LoadInfo, RunDirectory
 
 if TYPE_CHECKING:
     from locust.env import Environment
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RUNS_DIR = Path("runs")
 # Seconds between samples of the user count (the steps in the report's timeline).
 USER_SAMPLE_INTERVAL_S = 0.5
 # The plan's size assumes this much load when neither -t nor --ss-duration says how long the run is
@@ -181,7 +180,7 @@ class PlainRun:
 
         from loadtests.client.table import merge_journals, take_worker_roster
         from loadtests.errors import RunFailedError
-        from loadtests.run.orchestrator import _finish
+        from loadtests.run.finish import finish_run
 
         if self.is_finished:
             return
@@ -205,7 +204,7 @@ class PlainRun:
         self.write_load_info(stopped_at=self.stopped_at, finished_at=time.time(),
                              workers=roster.workers if roster is not None else None)
         try:
-            _finish(self.run_dir, Console(stderr=True))
+            finish_run(self.run_dir, Console(stderr=True))
         except (RunFailedError, ValueError, FileNotFoundError) as exc:
             logger.error("servescope: %s", exc)
             return

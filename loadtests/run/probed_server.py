@@ -25,8 +25,8 @@ from engine.server.cli import register as register_serve
 from loadtests.config import LoadConfig
 from loadtests.plan import build_plan
 from probes.peaks import measure_peaks
-from probes.run_dir import RunDirectory
-from probes.step_calibration import CALIBRATION_NAME, DEFAULT_CONTEXT, measure_calibration
+from probes.run_dir import CALIBRATION_NAME, RunDirectory
+from probes.step_calibration import DEFAULT_CONTEXT, measure_calibration
 
 RUN_DIR_FLAG = "--run-dir"
 

@@ -14,11 +14,9 @@ from types import TracebackType
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from loadtests.client.records import ClientRecord, journal_paths
 from probes.run_dir import WORKERS_NAME, RunDirectory, RunFileError, WorkerRoster
-from reports.summary import RunSummary
 
 RECENT_WINDOW_S = 5.0
 GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -170,37 +168,3 @@ class LoadProgress:
             # columns: one plain line instead, wrapped where it is long.
             self._console.print(f"{self.point}: {' | '.join(self._last)}", highlight=False, markup=False)
 
-
-def summary_table(summary: RunSummary) -> Table:
-    """The headline numbers of every point, for the terminal: the same measures the report shows."""
-    table = Table(title="servescope: measured, warm-up excluded (latencies in ms)")
-    for column in SUMMARY_COLUMNS:
-        table.add_column(column, justify="right")
-    for p in summary.points:
-        c, s = p.client, p.server
-        goodput = c.goodput["fraction"] if c is not None and c.goodput else None
-        if c is None:
-            table.add_row(p.label, "-", *["-"] * (len(SUMMARY_COLUMNS) - 3), _fmt(s.mean_batch if s else None, "{:.1f}"))
-            continue
-        table.add_row(
-            p.label, f"{c.num_ok}/{c.num_failed}", _fmt(c.request_throughput, "{:.2f}"),
-            _fmt(c.output_throughput, "{:.1f}"), f"{_ms(c.ttft_s, 'p50')}/{_ms(c.ttft_s, 'p99')}",
-            _ms(c.tpot_s, "p50"), _ms(c.e2e_s, "p50"), _fmt(goodput, "{:.0%}"),
-            _fmt(s.mean_batch if s is not None else None, "{:.1f}"),
-        )
-    return table
-
-
-SUMMARY_COLUMNS = ("point", "ok/fail", "req/s", "out tok/s", "TTFT p50/p99", "TPOT p50", "E2E p50", "goodput",
-                   "batch")
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def _ms(dist: dict[str, float] | None, key: str) -> str:
-    if dist is None:
-        return "-"
-    ms = dist[key] * 1000
-    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"

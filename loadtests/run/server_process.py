@@ -61,7 +61,7 @@ class ServerProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         port_file = self.run_dir / PORT_FILE_NAME
         port_file.unlink(missing_ok=True)
-        server = ["loadtests.run.probed_server", "--run-dir", str(self.run_dir)] if self.probed else ["engine.cli", "serve"]
+        server = ["loadtests.run.probed_server", "--run-dir", str(self.run_dir)] if self.probed else ["loadtests.cli", "serve"]
         argv = [sys.executable, "-m", *server, "--host", self.host, "--port", "0", "--port-file", str(port_file),
                 "--log-level", "warning", *self.serve_argv]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()

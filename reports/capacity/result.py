@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from probes.peaks import MachinePeaks
-from probes.run_dir import RunDirectory
+from probes.run_dir import CAPACITY_NAME, RunDirectory
 from reports.capacity.bootstrap import CapacityInterval, capacity_interval
 from reports.capacity.interval import RateInterval, batch_means_interval, token_rate_series
 from reports.capacity.knee import KneeFit, fit_knee, wilson_interval
@@ -33,7 +33,6 @@ from reports.capacity.other_load import other_cpu_cores
 from reports.dataset import RunDataset
 from reports.summary import PointMeasures
 
-CAPACITY_NAME = "capacity.json"
 # Without a knee, the capacity is the lightest point within this share of the best throughput.
 PLATEAU_SHARE = 0.9
 # The best throughput at more than 1 user over the throughput at 1 below this ratio: more users never
@@ -42,7 +41,7 @@ PLATEAU_SHARE = 0.9
 # batching did on this machine, 12.8 tok/s at 1 and 2 users, 37.8 at 8.)
 SERIAL_GAIN = 1.2
 # Past the knee, at least this share of the open requests decoding at once: nothing queues them.
-NO_QUEUE_SHARE = 0.8
+UNQUEUED_DECODING_SHARE = 0.8
 # Default share of requests that must meet every SLO bound for a point to hold.
 SLO_ATTAINMENT = 0.9
 Limit = Literal["serial", "seats", "memory", "compute"]
@@ -363,7 +362,7 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
     if c.serial_gain is not None and c.serial_gain < SERIAL_GAIN:
         return "serial", (f"throughput grew at most {c.serial_gain:.2f}x from 1 user to any heavier point (under "
                           f"{SERIAL_GAIN}x): the server serves one request at a time")
-    if c.queue_share_past_knee is not None and c.queue_share_past_knee >= NO_QUEUE_SHARE:
+    if c.queue_share_past_knee is not None and c.queue_share_past_knee >= UNQUEUED_DECODING_SHARE:
         return "compute", (f"past the capacity, at {c.past_knee_users} users, {c.queue_share_past_knee:.0%} of the open "
                            f"requests were decoding at once: none queued, each got slower, so the work itself "
                            f"saturates the device")

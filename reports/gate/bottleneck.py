@@ -1,4 +1,4 @@
-"""Where an A/B slowdown went: the step tables of both sides name the layer.
+"""Where an A/B slowdown went: the step tables of both sides name the bottleneck.
 
 Both sides ran the same requests, so a round's time splits into how many steps it took and how long
 a step took (and a little time outside the engine's steps):
@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-# phase name -> the step table's column of seconds
-PHASES: dict[str, str] = {"schedule": "schedule_s", "prepare": "prepare_s", "forward": "forward_s",
-                          "sample": "sample_s", "output": "output_s", "host": "host_overhead_s"}
-BATCHING, CACHE, EXECUTION = "batching", "cache", "execution"
+from probes.schemas import STEP_PHASES
+from reports.verdict.evidence import BATCHING, CACHE, EXECUTION, Bottleneck
+
 # NOTE: a KV-bound candidate shows it in most steps; a few exhausted steps at a round's peak are noise.
 KV_EXHAUSTED_SHARE_DELTA = 0.05
 
@@ -48,45 +47,45 @@ class SideSteps:
 
 
 @dataclass(frozen=True, slots=True)
-class Layer:
-    """The layer the slowdown points to (None when no part of it grew) and the figures that say so."""
+class SlowdownSource:
+    """The bottleneck the slowdown points to (None when no part of it grew) and the figures that say so."""
 
-    layer: str | None
+    bottleneck: Bottleneck | None
     phase: str | None
     contributions: dict[str, float]  # log-ratio of the round time from: steps, step_time, outside
     evidence: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        if self.layer is None:
+        if self.bottleneck is None:
             return "none: neither the steps per round nor the time per step grew"
         where = f" ({self.phase})" if self.phase else ""
-        return f"{self.layer}{where}: " + "; ".join(self.evidence)
+        return f"{self.bottleneck}{where}: " + "; ".join(self.evidence)
 
     def to_dict(self) -> dict[str, object]:
-        return {"layer": self.layer, "phase": self.phase, "contributions": self.contributions,
+        return {"bottleneck": self.bottleneck, "phase": self.phase, "contributions": self.contributions,
                 "evidence": self.evidence}
 
 
 def summarize_side(steps: pd.DataFrame, round_s: Sequence[float]) -> SideSteps:
     """Per-round figures of one side's step table, then their medians; ``round_s[i]`` is round ``i``'s wall time."""
-    missing = {"round", "num_seqs", "num_preemptions", *PHASES.values()} - set(steps.columns)
+    missing = {"round", "num_seqs", "num_preemptions", *STEP_PHASES.values()} - set(steps.columns)
     missing.discard("host_overhead_s")  # NOTE: an older build records no calibration knob; it burnt nothing
     if missing:
         raise ValueError(f"step table lacks columns {sorted(missing)}")
     if steps.empty:
         raise ValueError("step table is empty: the side ran no engine step")
     steps = steps if "host_overhead_s" in steps else steps.assign(host_overhead_s=0.0)
-    steps = steps.assign(total_s=steps[list(PHASES.values())].sum(axis=1),
+    steps = steps.assign(total_s=steps[list(STEP_PHASES.values())].sum(axis=1),
                          kv_exhausted=_kv_exhausted(steps))
     per_round = steps.groupby("round").agg(
         num_steps=("total_s", "size"), step_s=("total_s", "mean"), mean_batch=("num_seqs", "mean"),
         peak_seqs=("num_seqs", "max"), preemptions=("num_preemptions", "sum"),
         kv_exhausted_share=("kv_exhausted", "mean"),
-        **{name: (column, "mean") for name, column in PHASES.items()})
+        **{name: (column, "mean") for name, column in STEP_PHASES.items()})
     return SideSteps(
         round_s=float(pd.Series(list(round_s)).median()),
         steps_per_round=float(per_round["num_steps"].median()), step_ms=1e3 * float(per_round["step_s"].median()),
-        phase_ms={name: 1e3 * float(per_round[name].median()) for name in PHASES},
+        phase_ms={name: 1e3 * float(per_round[name].median()) for name in STEP_PHASES},
         mean_batch=float(per_round["mean_batch"].median()), peak_seqs=int(per_round["peak_seqs"].max()),
         preemptions_per_round=float(per_round["preemptions"].median()),
         kv_exhausted_share=float(per_round["kv_exhausted_share"].median()),
@@ -99,7 +98,7 @@ def _kv_exhausted(steps: pd.DataFrame) -> pd.Series:
     return pd.Series(False, index=steps.index)
 
 
-def name_layer(base: SideSteps, candidate: SideSteps) -> Layer:
+def name_bottleneck(base: SideSteps, candidate: SideSteps) -> SlowdownSource:
     """Split the candidate's round time over the base's into steps, time per step and the rest; name the largest."""
     total = math.log(candidate.round_s / base.round_s)
     steps = math.log(candidate.steps_per_round / base.steps_per_round)
@@ -112,20 +111,20 @@ def name_layer(base: SideSteps, candidate: SideSteps) -> Layer:
              f"steps with the KV pool exhausted {base.kv_exhausted_share:.0%} -> {candidate.kv_exhausted_share:.0%}")
     largest = max(contributions, key=lambda k: contributions[k])
     if contributions[largest] <= 0:
-        return Layer(None, None, contributions, [shape])
+        return SlowdownSource(None, None, contributions, [shape])
     if largest == "steps":
         is_cache = (candidate.preemptions_per_round > base.preemptions_per_round
                     or candidate.kv_exhausted_share > base.kv_exhausted_share + KV_EXHAUSTED_SHARE_DELTA)
-        return Layer(CACHE if is_cache else BATCHING, None, contributions, [shape, cache])
+        return SlowdownSource(CACHE if is_cache else BATCHING, None, contributions, [shape, cache])
     if largest == "outside":
         outside_ms = (f"time outside the engine's steps per round "
                       f"{_outside_ms(base):.0f} -> {_outside_ms(candidate):.0f} ms")
-        return Layer(EXECUTION, "outside steps", contributions, [outside_ms, shape])
-    growth = {name: candidate.phase_ms[name] - base.phase_ms[name] for name in PHASES}
+        return SlowdownSource(EXECUTION, "outside steps", contributions, [outside_ms, shape])
+    growth = {name: candidate.phase_ms[name] - base.phase_ms[name] for name in STEP_PHASES}
     phase = max(growth, key=lambda k: growth[k])
     grew = (f"{phase} {base.phase_ms[phase]:.2f} -> {candidate.phase_ms[phase]:.2f} ms per step "
             f"({growth[phase]:+.2f} of {candidate.step_ms - base.step_ms:+.2f} ms)")
-    return Layer(EXECUTION, phase, contributions, [grew, shape])
+    return SlowdownSource(EXECUTION, phase, contributions, [grew, shape])
 
 
 def _outside_ms(side: SideSteps) -> float:

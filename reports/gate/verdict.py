@@ -1,8 +1,8 @@
-"""The A/B gate's verdict: the slowdown with its interval, and the layer that the step tables name.
+"""The A/B gate's verdict: the slowdown with its interval, and the bottleneck that the step tables name.
 
 The gate fails only when the interval lies wholly above the threshold (slower by more than it, at
-the stated confidence). The layer is named only when the interval lies wholly above zero: a
-slowdown nobody measured gets no layer.
+the stated confidence). The bottleneck is named only when the interval lies wholly above zero: a
+slowdown nobody measured gets none.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from reports.gate.bottleneck import PHASES, Layer, SideSteps, name_layer, summarize_side
+from probes.schemas import STEP_PHASES
+from reports.gate.bottleneck import SideSteps, SlowdownSource, name_bottleneck, summarize_side
 from reports.gate.stats import DEFAULT_CONFIDENCE, Slowdown, estimate_slowdown, format_slowdown
 
 DEFAULT_THRESHOLD = 0.05
@@ -23,20 +24,20 @@ class ABVerdict:
     slowdown: Slowdown
     base: SideSteps
     candidate: SideSteps
-    layer: Layer
+    source: SlowdownSource
 
     @property
     def passed(self) -> bool:
         return not self.slowdown.is_regression
 
     @property
-    def named_layer(self) -> str | None:
-        """The layer, when the candidate was measured slower at all; else None."""
-        return self.layer.layer if self.slowdown.is_measured_slower else None
+    def named_bottleneck(self) -> str | None:
+        """The bottleneck, when the candidate was measured slower at all; else None."""
+        return self.source.bottleneck if self.slowdown.is_measured_slower else None
 
     def to_dict(self) -> dict[str, object]:
-        return {"passed": self.passed, "slowdown": self.slowdown.to_dict(), "layer": self.named_layer,
-                "phase": self.layer.phase if self.named_layer else None, "breakdown": self.layer.to_dict(),
+        return {"passed": self.passed, "slowdown": self.slowdown.to_dict(), "bottleneck": self.named_bottleneck,
+                "phase": self.source.phase if self.named_bottleneck else None, "breakdown": self.source.to_dict(),
                 "base": self.base.to_dict(), "candidate": self.candidate.to_dict()}
 
 
@@ -46,36 +47,36 @@ def decide(base_steps: pd.DataFrame, base_round_s: Sequence[float], candidate_st
     """The verdict from both sides' step tables and wall round times (round ``i`` of each is one pair).
 
     ``ratios`` (one per round) replaces the wall-time ratios in the statistic, e.g. CPU-time ones; the
-    layer is always read from the step tables and wall times.
+    bottleneck is always read from the step tables and wall times.
     """
     if len(base_round_s) != len(candidate_round_s):
         raise ValueError(f"unpaired rounds: {len(base_round_s)} base vs {len(candidate_round_s)} candidate")
     if ratios is None:
         ratios = [c / b for b, c in zip(base_round_s, candidate_round_s, strict=True)]
     base, candidate = summarize_side(base_steps, base_round_s), summarize_side(candidate_steps, candidate_round_s)
-    return ABVerdict(estimate_slowdown(ratios, threshold, confidence), base, candidate, name_layer(base, candidate))
+    return ABVerdict(estimate_slowdown(ratios, threshold, confidence), base, candidate, name_bottleneck(base, candidate))
 
 
 def format_verdict(verdict: ABVerdict, labels: tuple[str, str]) -> str:
-    """Plain text for CI logs: a table of both sides, the slowdown line, the layer line, the verdict line."""
+    """Plain text for CI logs: a table of both sides, the slowdown line, the bottleneck line, the verdict line."""
     header = ("side", "round s", "steps/round", "mean batch", "peak seqs", "preempt/round", "step ms",
-              *(f"{p} ms" for p in PHASES), "flags")
+              *(f"{p} ms" for p in STEP_PHASES), "flags")
     rows = [header]
     for name, side, label in (("base", verdict.base, labels[0]), ("candidate", verdict.candidate, labels[1])):
         rows.append((name, f"{side.round_s:.3f}", f"{side.steps_per_round:.0f}", f"{side.mean_batch:.1f}",
                      str(side.peak_seqs), f"{side.preemptions_per_round:.0f}", f"{side.step_ms:.2f}",
-                     *(f"{side.phase_ms[p]:.2f}" for p in PHASES), label))
+                     *(f"{side.phase_ms[p]:.2f}" for p in STEP_PHASES), label))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     s = verdict.slowdown
     lines.append(f"slowdown: {format_slowdown(s)}")
-    if verdict.named_layer:
-        lines.append(f"layer: {verdict.layer.describe()}")
+    if verdict.named_bottleneck:
+        lines.append(f"bottleneck: {verdict.source.describe()}")
     else:
-        lines.append("layer: not named (the interval does not lie above zero: no slowdown was measured)")
+        lines.append("bottleneck: not named (the interval does not lie above zero: no slowdown was measured)")
     if verdict.passed:
         lines.append(f"gate: pass (the interval does not lie above {s.threshold:.0%})")
     else:
         lines.append(f"gate: FAIL: the candidate is slower by more than {s.threshold:.0%} "
-                     f"(interval {s.low:+.1%} .. {s.high:+.1%}), {verdict.named_layer}")
+                     f"(interval {s.low:+.1%} .. {s.high:+.1%}), {verdict.named_bottleneck}")
     return "\n".join(lines)

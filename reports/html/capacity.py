@@ -1,7 +1,4 @@
-"""The report's first section after a capacity search: the capacity, what limits it, and the curve with its fit.
-
-Registered at the head of :data:`reports.html.sections.SECTIONS`, so the page leads with it.
-"""
+"""The report's first section after a capacity search: the capacity, what limits it, and the curve with its fit."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from plotly.subplots import make_subplots
 from reports.capacity.knee import KneeFit
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import LIMIT_BOTTLENECK, Capacity
-from reports.html.sections import SECTIONS, Block, ReportContext, Section, note, table
+from reports.html.sections import Block, ReportContext, Section, note, table
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 
@@ -154,5 +151,3 @@ def _rate_range(i: dict[str, Any] | None) -> str | None:
 def _attainment(a: dict[str, float] | None) -> str | None:
     return None if a is None else f"{a['value']:.0%} ({a['low']:.0%}-{a['high']:.0%})"
 
-
-SECTIONS.insert(0, CapacitySection())

@@ -14,13 +14,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probes.peaks import MachinePeaks
+from probes.schemas import STEP_PHASES
 from reports.dataset import RunDataset
-from reports.measures import WAIT_LIMITS, ServerMeasures, metrics_adapter, signal_series
+from reports.measures import WAIT_LIMITS, ServerMeasures
+from reports.metric_adapters import metrics_adapter, signal_series
 from reports.summary import PointMeasures
 
 # Steps are averaged into at most this many time bins, so a long run stays a small file.
 MAX_TIMELINE_POINTS = 600
-PHASES = ("schedule_s", "prepare_s", "forward_s", "sample_s", "output_s", "host_overhead_s")
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"))
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 
@@ -184,9 +185,9 @@ def step_breakdown_figure(steps: pd.DataFrame) -> go.Figure | None:
     if steps.empty:
         return None
     kind = np.where(steps["num_prefill_tokens"] > 0, "prefill", "decode")
-    groups = steps.assign(kind=kind).groupby(["kind", "num_seqs"])[list(PHASES)].mean() * 1000
+    groups = steps.assign(kind=kind).groupby(["kind", "num_seqs"])[list(STEP_PHASES.values())].mean() * 1000
     labels = [f"{k} x{n}" for k, n in groups.index]
-    fig = go.Figure([go.Bar(x=labels, y=groups[p], name=p.removesuffix("_s")) for p in PHASES])
+    fig = go.Figure([go.Bar(x=labels, y=groups[p], name=p.removesuffix("_s")) for p in STEP_PHASES.values()])
     fig.update_layout(barmode="stack", xaxis_title="step kind x batch size", yaxis_title="mean ms per step",
                       height=380, **_LAYOUT)
     return fig

@@ -1,4 +1,4 @@
-"""The report's "What each lever would buy" section, placed right after the verdict.
+"""The report's "What each lever would buy" section.
 
 It shows the predicted gain of every lever (replayed through the engine's scheduler with the step
 model fitted on this run), the step model with its held-out error, the replay of the run's own
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.html.sections import SECTIONS, Block, ReportContext, Section, note, share, table
+from reports.html.sections import Block, ReportContext, Section, note, share, table
 from reports.levers.predictions import WORTH_PULLING
 
 
@@ -88,6 +88,3 @@ def retest_table(pulled: dict[str, Any]) -> Block:
                          f"{_x(pulled.get('predicted_gain'))}, measured {_x(pulled.get('measured_gain'))} output "
                          f"throughput (before: {pulled['before_dir']})")
 
-
-# NOTE: right after the verdict, so the predicted gains lead the page as the verdict does.
-SECTIONS.insert(next(i for i, s in enumerate(SECTIONS) if s.anchor == "verdict") + 1, LeverSection())

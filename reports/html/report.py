@@ -14,14 +14,48 @@ from typing import Any
 
 import jinja2
 
-import reports.html.capacity  # noqa: F401 - puts the capacity section first
-import reports.html.levers  # noqa: F401 - registers the levers section after the verdict
 from probes.run_dir import MANIFEST_NAME, REPORT_NAME, SUMMARY_NAME, RunDirectory, json_safe
-from reports.html.sections import ReportContext, section_views
+from reports.html import sections
+from reports.html.capacity import CapacitySection
+from reports.html.levers import LeverSection
+from reports.html.sections import ReportContext, Section
 from reports.summary import RunSummary
 from reports.verdict.diagnosis import Diagnosis, analyze, write_diagnosis
 
 TEMPLATES = Path(__file__).with_name("templates")
+# The page's sections, top to bottom: the capacity (after a search) and the verdict lead, then what each
+# lever would buy, then the figures the verdict rests on.
+SECTIONS: tuple[Section, ...] = (
+    CapacitySection(),
+    sections.VerdictSection(),
+    LeverSection(),
+    sections.TimelineSection(),
+    sections.LatencySection(),
+    sections.GoodputSection(),
+    sections.StepBreakdownSection(),
+    sections.ConcurrencySection(),
+    sections.RooflineSection(),
+    sections.AblationSection(),
+    sections.RequestsSection(),
+    sections.RunSection(),
+)
+_BY_ANCHOR: dict[str, Section] = {s.anchor: s for s in SECTIONS}
+if len(_BY_ANCHOR) != len(SECTIONS):
+    raise ValueError(f"two sections share an anchor: {sorted(s.anchor for s in SECTIONS)}")
+
+
+def section(anchor: str) -> Section:
+    """The page's section with ``anchor``; a ValueError naming every section when there is none."""
+    try:
+        return _BY_ANCHOR[anchor]
+    except KeyError:
+        raise ValueError(f"no report section {anchor!r}; the sections: {', '.join(_BY_ANCHOR)}") from None
+
+
+def section_views(ctx: ReportContext) -> list[dict[str, Any]]:
+    """Every section's anchor, title and blocks, in the page's order."""
+    return [{"anchor": s.anchor, "title": s.title, "blocks": [b for b in s.blocks(ctx) if b is not None]}
+            for s in SECTIONS]
 
 
 @cache

@@ -1,4 +1,5 @@
-"""The report's sections, in order: small registered classes that turn a run into blocks the template draws.
+"""The report's sections: small classes that turn a run into blocks the template draws (their order:
+:data:`reports.html.report.SECTIONS`).
 
 A section always appears (with a note saying why when the run lacks its data), so a reader
 finds the same headings in every report.
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from probes.schemas import STEP_PHASES
 from reports.ablation import AblationTable
 from reports.capacity.result import Capacity
 from reports.dataset import RunDataset
@@ -77,14 +79,6 @@ class Section(ABC):
         """The section's content; None entries are dropped."""
 
 
-SECTIONS: list[Section] = []
-
-
-def register(cls: type[Section]) -> type[Section]:
-    SECTIONS.append(cls())
-    return cls
-
-
 def note(text: str) -> Block:
     return Block("note", text=text)
 
@@ -119,7 +113,6 @@ def ms(value: float | None) -> str:
     return "–" if value is None else f"{value * 1000:.1f}"
 
 
-@register
 class VerdictSection(Section):
     anchor, title = "verdict", "Verdict"
 
@@ -145,7 +138,6 @@ class VerdictSection(Section):
         return out
 
 
-@register
 class TimelineSection(Section):
     anchor, title = "timelines", "Timelines"
 
@@ -159,7 +151,6 @@ class TimelineSection(Section):
         return out
 
 
-@register
 class LatencySection(Section):
     anchor, title = "latency", "Latency percentiles and CDFs"
 
@@ -181,7 +172,6 @@ class LatencySection(Section):
                 ctx.figure(figures.latency_cdf_figure(ctx.points))]
 
 
-@register
 class GoodputSection(Section):
     anchor, title = "goodput", "Goodput"
 
@@ -201,7 +191,6 @@ class GoodputSection(Section):
         return out
 
 
-@register
 class StepBreakdownSection(Section):
     anchor, title = "steps", "Step-time breakdown"
 
@@ -212,14 +201,13 @@ class StepBreakdownSection(Section):
         steps = ctx.focus.steps_in_window()
         total = float(steps["total_s"].sum()) or 1.0
         rows = [[p.removesuffix("_s"), share(float(steps[p].sum()) / total), ms(float(steps[p].mean()))]
-                for p in figures.PHASES]
+                for p in STEP_PHASES.values()]
         return [table(["phase", "share of step time", "mean ms per step"], rows,
                       caption=f"{s.num_steps} steps, mean {s.mean_step_s * 1000:.2f} ms; idle gaps between steps "
                               f"with work pending: {s.gap_share:.1%}"),
                 ctx.figure(figures.step_breakdown_figure(steps))]
 
 
-@register
 class ConcurrencySection(Section):
     anchor, title = "concurrency", "Throughput vs concurrency"
 
@@ -240,7 +228,6 @@ class ConcurrencySection(Section):
                 ctx.figure(figures.concurrency_figure(ctx.summary.points, ctx.sweep_parameter or "load"))]
 
 
-@register
 class RooflineSection(Section):
     anchor, title = "roofline", "Roofline"
 
@@ -280,7 +267,6 @@ class RooflineSection(Section):
         return out
 
 
-@register
 class AblationSection(Section):
     anchor, title = "ablation", "Ablation"
 
@@ -299,7 +285,6 @@ class AblationSection(Section):
                       highlight=[r.name == a.baseline for r in a.rows])]
 
 
-@register
 class RequestsSection(Section):
     anchor, title = "requests", "Slowest and failed requests"
 
@@ -315,7 +300,6 @@ class RequestsSection(Section):
                        "prompt"], body, caption="Failed requests first, then by end-to-end latency")]
 
 
-@register
 class RunSection(Section):
     anchor, title = "run", "Run"
 
@@ -380,10 +364,4 @@ def prefix_cache_line(ctx: ReportContext) -> str:
             parts.append(f"{float(measured['num_cached_tokens'].sum()) / prompt:.1%} of prompt tokens "
                          f"(usage.prompt_tokens_details.cached_tokens)")
     return "; ".join(parts) or "not reported by this server"
-
-
-def section_views(ctx: ReportContext) -> list[dict[str, Any]]:
-    """Every registered section's anchor, title and blocks, in order."""
-    return [{"anchor": s.anchor, "title": s.title, "blocks": [b for b in s.blocks(ctx) if b is not None]}
-            for s in SECTIONS]
 

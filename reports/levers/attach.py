@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from probes.run_dir import RunDirectory
+from probes.run_dir import RETEST_NAME, RunDirectory
 from reports.dataset import RunDataset
 from reports.levers.external import external_predictions
 from reports.levers.predictions import Predictions, predict_levers
-
-# Written by ``servescope diagnose --retest`` (loadtests.retest) into each round's directory.
-RETEST_NAME = "retest.json"
 
 
 def engine_kind(data: RunDataset) -> str:

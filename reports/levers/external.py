@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from reports.dataset import RunDataset
 from reports.levers.predictions import LeverPrediction, Predictions
-from reports.measures import metrics_adapter, prometheus_measures
+from reports.metric_adapters import metrics_adapter, prometheus_measures
 
 # lever -> (what it does, {server family: the flag to try})
 FLAGS: dict[str, tuple[str, dict[str, str]]] = {

@@ -28,8 +28,8 @@ from probes.replay import (
     pseudo_token_ids,
     replay,
 )
-from probes.run_dir import PLAN_NAME, RunDirectory
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.run_dir import CALIBRATION_NAME, PLAN_NAME, RunDirectory
+from probes.step_calibration import StepCalibration
 from reports.dataset import RunDataset
 from reports.levers.step_model import StepModel, fit_step_model
 

@@ -1,4 +1,4 @@
-"""What to try first for each verdict, worded from the run's own figures and settings."""
+"""What to try first for each verdict: the lever for its bottleneck, worded from the run's own figures and settings."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
                 f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
     more_load = "offer more load (more users or a higher rate) to find the server's limit"
     if s is not None:
-        return more_load, "every request was admitted and no lever binds: the offered load is the limit"
+        return more_load, "every request was admitted and nothing inside the server binds: the offered load is the limit"
     return more_load, _outside_none_summary(facts)
 
 
@@ -72,14 +72,14 @@ def _outside_none_summary(facts: Facts) -> str:
     gauge = p.names.get("waiting") or "queue gauge"
     if p.waiting_share <= NO_QUEUE_SHARE:
         return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}): every request was "
-                f"admitted and no lever binds: the offered load is the limit")
+                f"admitted and nothing inside the server binds: the offered load is the limit")
     if p.waiting_share < QUEUE_SHARE:
         return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), under the "
-                f"{pct(QUEUE_SHARE)} that marks a sustained queue, and no lever binds")
+                f"{pct(QUEUE_SHARE)} that marks a sustained queue, and nothing inside the server binds")
     depth = ServerQueueDepth().value(facts)
     return (f"requests were waiting in {pct(p.waiting_share)} of the scrapes ({gauge}), but only {pct(depth)} of "
             f"the requests at the server on average, under the {pct(QUEUE_DEPTH)} that marks a limit: a queue "
-            f"for the next step, not a limit; no lever binds")
+            f"for the next step, not a limit; nothing inside the server binds")
 
 
 def _execution_lever(facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:

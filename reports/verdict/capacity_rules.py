@@ -6,15 +6,14 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 
 from __future__ import annotations
 
-from reports.capacity.result import NO_QUEUE_SHARE, SERIAL_GAIN
-from reports.verdict.evidence import Evidence, Facts, Rule, num, pct, register
+from reports.capacity.result import SERIAL_GAIN, UNQUEUED_DECODING_SHARE
+from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in
 # proportion to the tokens per request; halfway between decides.
 TOKENS_EXPONENT = 0.5
 
 
-@register
 class CapacitySerial(Rule):
     name = "capacity_serial"
     bottleneck = "batching"
@@ -47,25 +46,22 @@ class _TokensRule(Rule):
                 f"at {t.users} users (exponent {num(value)})")
 
 
-@register
 class CapacityMemory(_TokensRule):
     name = "capacity_memory"
     bottleneck = "cache"
     comparison = ">="
 
 
-@register
 class CapacitySeats(_TokensRule):
     name = "capacity_seats"
     bottleneck = "batching"
     comparison = "<="
 
 
-@register
 class CapacityCompute(Rule):
     name = "capacity_compute"
     bottleneck = "execution"
-    threshold = NO_QUEUE_SHARE
+    threshold = UNQUEUED_DECODING_SHARE
     why = ("past the capacity, open requests that are all decoding (time-averaged: first token to end, against "
            "send to end) were not queued for seats or memory: each got slower, so the work itself saturates the "
            "device")

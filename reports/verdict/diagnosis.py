@@ -1,4 +1,4 @@
-"""The verdict: which lever (batching, cache, execution) holds the server back, or none.
+"""The verdict: which bottleneck (batching, cache, execution) holds the server back, or none.
 
 The decision follows one order. First, is there pressure at all: an engine idle over half the
 time with nobody waiting is limited by its load (``none``). Then: not enough simultaneous work
@@ -17,12 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import reports.verdict.capacity_rules  # noqa: F401 - registers the capacity rules
-import reports.verdict.engine_rules  # noqa: F401 - registers the engine rules
-import reports.verdict.external_rules  # noqa: F401 - registers the external rules
-from probes.execution_paths import EXECUTION_REFERENCE_NAME, PathTiming, decode_shape
-from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.execution_paths import PathTiming, decode_shape
+from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, EXECUTION_REFERENCE_NAME, RunDirectory, json_safe
+from probes.step_calibration import StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
@@ -35,12 +32,12 @@ from reports.verdict.advice import lever_for
 from reports.verdict.evidence import (
     BOTTLENECKS,
     NO_VERDICT,
-    RULES,
     Bottleneck,
     Evidence,
     Facts,
     SweepMeasures,
 )
+from reports.verdict.rules import RULES, rule
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
 SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "capacity": 0.7, "sweep": 0.7, "client": 0.5}
@@ -99,6 +96,18 @@ EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
 # A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
 CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
                      Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
+
+
+def check_rule_names(*findings: Finding) -> None:
+    """Every rule the findings name is listed (reports.verdict.rules); else a ValueError naming every rule."""
+    for finding in findings:
+        for name in (*finding.all_of, *finding.any_of, *finding.unknown_ok, *finding.support):
+            rule(name)
+
+
+# NOTE: a finding that names a rule nobody listed (a typo) fails here, at import.
+check_rule_names(*ENGINE_FINDINGS, ENGINE_FALLBACK, *METRICS_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS,
+                 EXTERNAL_FALLBACK, *CAPACITY_FINDINGS)
 
 
 @dataclass(slots=True)
@@ -183,7 +192,7 @@ def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | N
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:
     """Apply the findings in order to one point's facts."""
-    evidence = {name: rule.evaluate(facts) for name, rule in RULES.items()}
+    evidence = {r.name: r.evaluate(facts) for r in RULES}
     if facts.server is not None:
         source, findings, fallback = "engine", (*ENGINE_FINDINGS, *CAPACITY_FINDINGS), ENGINE_FALLBACK
     else:

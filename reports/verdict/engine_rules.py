@@ -15,7 +15,7 @@ model's steps are all dispatch, whatever the path.
 from __future__ import annotations
 
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY
-from reports.verdict.evidence import Facts, Rule, num, pct, register
+from reports.verdict.evidence import Facts, Rule, num, pct
 
 # -- load: is the server under pressure at all? --------------------------------------------------
 IDLE_BUSY_FRACTION = 0.5
@@ -34,7 +34,6 @@ PATH_SHARE = 0.3
 FAR_FROM_ROOF = 0.3
 
 
-@register
 class EngineIdle(Rule):
     name = "engine_idle"
     bottleneck = "none"
@@ -50,7 +49,6 @@ class EngineIdle(Rule):
         return f"the engine was stepping {pct(value)} of the measurement window"
 
 
-@register
 class QueueAbsent(Rule):
     name = "queue_absent"
     bottleneck = "none"
@@ -66,7 +64,6 @@ class QueueAbsent(Rule):
         return f"requests were waiting in {pct(value)} of the busy time"
 
 
-@register
 class BatchHasRoom(Rule):
     name = "batch_has_room"
     bottleneck = "none"
@@ -85,7 +82,6 @@ class BatchHasRoom(Rule):
         return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
-@register
 class BatchLimitQueue(Rule):
     name = "batch_limit_queue"
     bottleneck = "batching"
@@ -108,7 +104,6 @@ class BatchLimitQueue(Rule):
         return f"requests waited on a batching limit in {pct(value)} of the busy time (of the waiting time: {limits})"
 
 
-@register
 class MemoryHasRoom(Rule):
     name = "memory_has_room"
     bottleneck = "batching"
@@ -130,7 +125,6 @@ class MemoryHasRoom(Rule):
         return f"the KV pool holds {num(s.kv_capacity_seqs)} requests of this run's size, {num(value)}x the mean batch"
 
 
-@register
 class KvBlocksQueue(Rule):
     name = "kv_blocks_queue"
     bottleneck = "cache"
@@ -146,7 +140,6 @@ class KvBlocksQueue(Rule):
         return f"requests waited for KV memory in {pct(value)} of the busy time"
 
 
-@register
 class Preemptions(Rule):
     name = "preemptions"
     bottleneck = "cache"
@@ -163,7 +156,6 @@ class Preemptions(Rule):
         return f"{s.num_preemptions if s else 0} preemptions, {num(value)} per finished request"
 
 
-@register
 class KvNearFull(Rule):
     name = "kv_near_full"
     bottleneck = "cache"
@@ -179,7 +171,6 @@ class KvNearFull(Rule):
         return f"KV blocks in use: p90 {pct(value)}, mean {pct(s.kv_usage_mean if s else None)}"
 
 
-@register
 class KvWaste(Rule):
     name = "kv_waste"
     bottleneck = "cache"
@@ -195,7 +186,6 @@ class KvWaste(Rule):
         return f"{pct(value)} of the KV slots held by running requests were empty"
 
 
-@register
 class HostOverhead(Rule):
     name = "host_overhead"
     bottleneck = "execution"
@@ -215,7 +205,6 @@ class HostOverhead(Rule):
                 f"{pct(s.gap_share)}, forward {pct(s.forward_share)}; mean step {s.mean_step_s * 1000:.1f} ms)")
 
 
-@register
 class OptimizedPathRemoves(Rule):
     name = "optimized_path_removes"
     bottleneck = "execution"
@@ -244,7 +233,6 @@ class OptimizedPathRemoves(Rule):
                 f"{pct(value)} of the {p.run_path} step")
 
 
-@register
 class FarFromRoof(Rule):
     name = "far_from_roof"
     bottleneck = "execution"

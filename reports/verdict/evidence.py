@@ -1,4 +1,4 @@
-"""What a diagnosis rests on: one :class:`Evidence` per rule, and the rule base class and registry."""
+"""What a diagnosis rests on: one :class:`Evidence` per rule, and the rule base class (every rule: reports.verdict.rules)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from probes.execution_paths import PathTiming
-from reports.measures import ClientMeasures, PrometheusMeasures, ServerMeasures
+from reports.measures import ClientMeasures, ServerMeasures
+from reports.metric_adapters import PrometheusMeasures
 from reports.roofline import RooflineSummary
 
 if TYPE_CHECKING:
     from reports.capacity.result import Capacity
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
-BOTTLENECKS: tuple[Bottleneck, ...] = ("batching", "cache", "execution", "none")
+BATCHING: Bottleneck = "batching"
+CACHE: Bottleneck = "cache"
+EXECUTION: Bottleneck = "execution"
+NONE: Bottleneck = "none"  # nothing inside the server binds: the offered load is the limit
+BOTTLENECKS: tuple[Bottleneck, ...] = (BATCHING, CACHE, EXECUTION, NONE)
 # What a run gets instead of a bottleneck when it cannot be judged (reports.health).
 NO_VERDICT = "undetermined"
 Comparison = Literal[">=", "<="]
@@ -112,17 +117,6 @@ class Rule(ABC):
     @abstractmethod
     def describe(self, facts: Facts, value: float | None) -> str:
         """The figure in words (shown next to its threshold)."""
-
-
-RULES: dict[str, Rule] = {}
-
-
-def register(cls: type[Rule]) -> type[Rule]:
-    """Class decorator: add one instance of the rule to :data:`RULES` under its name."""
-    if cls.name in RULES:
-        raise ValueError(f"rule {cls.name!r} is registered twice")
-    RULES[cls.name] = cls()
-    return cls
 
 
 def pct(value: float | None) -> str:

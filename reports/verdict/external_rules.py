@@ -20,7 +20,7 @@ from reports.verdict.engine_rules import (
     PREEMPTIONS_PER_REQUEST,
     QUEUE_SHARE,
 )
-from reports.verdict.evidence import Facts, Rule, num, pct, register
+from reports.verdict.evidence import Facts, Rule, num, pct
 
 MIN_IN_FLIGHT = 2.0
 DECODING_SHARE = 0.5
@@ -31,7 +31,6 @@ TPOT_HOLD_RATIO = 1.5
 QUEUE_DEPTH = 0.2
 
 
-@register
 class ServerQueue(Rule):
     name = "server_queue"
     bottleneck = "batching"
@@ -49,7 +48,6 @@ class ServerQueue(Rule):
                 f"waiting, {num(p.mean_running if p else None)} running)")
 
 
-@register
 class ServerQueueDepth(Rule):
     name = "server_queue_depth"
     bottleneck = "batching"
@@ -72,7 +70,6 @@ class ServerQueueDepth(Rule):
                 f"waiting, {num(p.mean_running if p else None)} running)")
 
 
-@register
 class ServerQueueAbsent(Rule):
     name = "server_queue_absent"
     bottleneck = "none"
@@ -87,7 +84,6 @@ class ServerQueueAbsent(Rule):
         return f"requests were waiting in {pct(value)} of the scrapes"
 
 
-@register
 class ServerKvFull(Rule):
     name = "server_kv_full"
     bottleneck = "cache"
@@ -104,7 +100,6 @@ class ServerKvFull(Rule):
         return f"KV cache usage peaked at {pct(value)} (mean {pct(p.kv_usage_mean if p else None)})"
 
 
-@register
 class ServerKvRoom(Rule):
     name = "server_kv_room"
     bottleneck = "batching"
@@ -120,7 +115,6 @@ class ServerKvRoom(Rule):
         return f"KV cache usage peaked at {pct(value)}"
 
 
-@register
 class ServerPreemptions(Rule):
     name = "server_preemptions"
     bottleneck = "cache"
@@ -139,7 +133,6 @@ class ServerPreemptions(Rule):
         return f"{p.num_preemptions if p else 'n/a'} preemptions, {num(value)} per request"
 
 
-@register
 class FewStreamsDecoding(Rule):
     name = "few_streams_decoding"
     bottleneck = "batching"
@@ -172,7 +165,6 @@ class _SweepRule(Rule):
         raise NotImplementedError
 
 
-@register
 class SweepThroughputFlat(_SweepRule):
     name = "sweep_throughput_flat"
     bottleneck = "batching"
@@ -189,7 +181,6 @@ class SweepThroughputFlat(_SweepRule):
         return f"output throughput x{num(value)} from {s.parameter} {num(s.low)} to {num(s.high)}" if s else "no sweep"
 
 
-@register
 class SweepTtftGrows(_SweepRule):
     name = "sweep_ttft_grows"
     bottleneck = "batching"
@@ -203,7 +194,6 @@ class SweepTtftGrows(_SweepRule):
         return f"median TTFT x{num(value)} across the sweep"
 
 
-@register
 class SweepTpotHolds(_SweepRule):
     name = "sweep_tpot_holds"
     bottleneck = "batching"
@@ -219,7 +209,6 @@ class SweepTpotHolds(_SweepRule):
         return f"median TPOT x{num(value)} across the sweep"
 
 
-@register
 class SlowerThanOptimized(Rule):
     name = "slower_than_optimized"
     bottleneck = "execution"

@@ -11,7 +11,7 @@ import pytest
 
 def servescope_command() -> list[str]:
     script = Path(sys.executable).parent / "servescope"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "engine.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "loadtests.cli"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

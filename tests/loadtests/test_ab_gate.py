@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.cli import main
+from loadtests.cli import main
 from loadtests.gate.ab import repo_root, tree_at_ref
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_a_ref_is_read_into_its_own_tree() -> None:
     assert not tree.exists()
 
 
-def test_a_short_real_ab_run_names_the_batching_layer(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_short_real_ab_run_names_the_batching_bottleneck(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Four sequences a step against one: every request's tokens take their own steps, so the steps per
     round (a count, not a time) grow about fourfold and the breakdown names batching, however noisy the
     machine; the verdict and its exit status must agree with the interval it prints."""
@@ -67,7 +67,7 @@ def test_a_short_real_ab_run_names_the_batching_layer(tmp_path: Path, capsys: py
     assert verdict["passed"] == (verdict["slowdown"]["low"] <= 0.05)
     assert len(record["ratios"]) == 6 == len(record["base"]["round_s"]) == len(record["candidate"]["round_s"])
     assert record["candidate"]["config"]["max_num_seqs"] == 1
-    assert verdict["breakdown"]["layer"] == "batching"
+    assert verdict["breakdown"]["bottleneck"] == "batching"
     assert verdict["candidate"]["peak_seqs"] == 1 and verdict["base"]["peak_seqs"] == 4
     assert verdict["candidate"]["steps_per_round"] > 2.5 * verdict["base"]["steps_per_round"]
     steps = pd.read_parquet(out / "steps_candidate.parquet")

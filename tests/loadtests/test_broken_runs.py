@@ -65,7 +65,7 @@ def test_a_target_that_breaks_mid_run_gets_no_verdict_and_a_non_zero_exit(tmp_pa
     # where a hot retry loop against a refusing port sends thousands.
     assert (~rows["is_ok"]).sum() < 100
     # `servescope report` on the broken run also gives no verdict, and says so with its exit status.
-    from engine.cli import main as servescope
+    from loadtests.cli import main as servescope
 
     assert servescope(["report", str(out)]) == 1
     assert json.loads((out / DIAGNOSIS_NAME).read_text())["bottleneck"] == NO_VERDICT

@@ -22,10 +22,15 @@ SEARCH_LOAD = ["--workload", "fixed", "--max-tokens", "16", "--duration", "4", "
 
 
 def test_no_users_rate_or_sweep_means_a_search() -> None:
-    from loadtests.cli import DIAGNOSE_DEFAULTS, configs_from_args, diagnose_max_users, is_search, register
+    from loadtests.cli import (
+        DIAGNOSE_DEFAULTS,
+        build_parser,
+        configs_from_args,
+        diagnose_max_users,
+        is_search,
+    )
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    parser = build_parser()
 
     def parse(*argv: str) -> argparse.Namespace:
         return parser.parse_args(["diagnose", *argv])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from loadtests.cli import main
 from reports.gate.stats import estimate_slowdown
 
 pytestmark = pytest.mark.gate
@@ -48,7 +48,7 @@ def _log(kind: str, candidate: str, code: int, record: dict, elapsed: float) -> 
     # NOTE: the same rounds timed by the other clock, for comparison only; the exit status is CLOCK's.
     other = estimate_slowdown(record[f"{OTHER_CLOCK}_ratios"], verdict["slowdown"]["threshold"])
     row = {"kind": kind, "candidate": candidate, "clock": CLOCK, "exit": code, "wall_s": round(elapsed, 1),
-           "slowdown": verdict["slowdown"], "layer": verdict["layer"], "phase": verdict["phase"],
+           "slowdown": verdict["slowdown"], "bottleneck": verdict["bottleneck"], "phase": verdict["phase"],
            f"{OTHER_CLOCK}_slowdown": other.to_dict(), f"{OTHER_CLOCK}_exit": int(other.is_regression),
            "base_step_ms": verdict["base"]["step_ms"], "base_round_s": verdict["base"]["round_s"],
            "base_steps_per_round": verdict["base"]["steps_per_round"],
@@ -58,7 +58,7 @@ def _log(kind: str, candidate: str, code: int, record: dict, elapsed: float) -> 
             log.write(json.dumps(row) + "\n")
     s = verdict["slowdown"]
     print(f"{kind:9s} exit {code}  {s['estimate']:+.1%} [{s['low']:+.1%} .. {s['high']:+.1%}]  "
-          f"layer {verdict['layer']}/{verdict['phase']}  ({OTHER_CLOCK} clock: {other.estimate:+.1%} "
+          f"bottleneck {verdict['bottleneck']}/{verdict['phase']}  ({OTHER_CLOCK} clock: {other.estimate:+.1%} "
           f"[{other.low:+.1%} .. {other.high:+.1%}])  {elapsed:.0f} s", flush=True)
     return row
 
@@ -87,7 +87,7 @@ def test_a_ten_percent_slowdown_fails_and_the_unchanged_build_passes(tmp_path: P
           f"unchanged: {len(passed)} of {len(unchanged)} passed")
     assert len(failed) >= math.ceil(0.9 * len(slowed))
     assert len(passed) >= math.ceil(0.95 * len(unchanged))
-    assert all((r["layer"], r["phase"]) == ("execution", "host") for r in failed)
+    assert all((r["bottleneck"], r["phase"]) == ("execution", "host") for r in failed)
 
 
 def test_fewer_admitted_sequences_is_named_batching(tmp_path: Path) -> None:
@@ -95,4 +95,4 @@ def test_fewer_admitted_sequences_is_named_batching(tmp_path: Path) -> None:
     code, record, elapsed = _gate(tmp_path / "seqs", BASE, candidate)
     row = _log("max-seqs", candidate, code, record, elapsed)
     assert code == 1
-    assert row["layer"] == "batching"
+    assert row["bottleneck"] == "batching"

@@ -23,7 +23,7 @@ import pytest
 from loadtests.client.load_context import ITL_ROW, LLM_REQUEST_TYPE, OUTPUT_TOKENS_ROW, TPOT_ROW, TTFT_ROW
 from loadtests.client.table import load_client_requests
 from loadtests.client.web_ui import TAB_KEY
-from loadtests.run.locust_runner import LOCUSTFILE
+from loadtests.config import LOCUSTFILE
 from loadtests.run.server_process import ServerProcess
 from tests.loadtests.conftest import cli_env, run_cli
 

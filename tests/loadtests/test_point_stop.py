@@ -136,7 +136,8 @@ def test_a_controlled_closed_loop_cuts_each_users_first_request_at_a_seeded_rand
 
 
 def test_a_controlled_point_follows_its_window_and_a_lost_orchestrator_is_bounded() -> None:
-    from loadtests.client.point_control import CONTROL_SLACK_S, PointControl
+    from loadtests.client.point_control import PointControl
+    from loadtests.config import CONTROL_SLACK_S
 
     context = _context(True)
     assert context.is_warmup(context.start_time + 100.0)  # no window yet: everything is warm-up

@@ -17,7 +17,8 @@ from rich.console import Console
 from engine.flags import add_engine_args, engine_config_from_args
 from loadtests.config import LoadConfig
 from loadtests.retest import apply_flags, run_retest
-from probes.step_calibration import CALIBRATION_NAME, StepCalibration
+from probes.run_dir import CALIBRATION_NAME
+from probes.step_calibration import StepCalibration
 from reports import write_report
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from probes.trace import STEP_PHASES, build_trace, export_trace
+from probes.trace import PHASES_IN_RUN_ORDER, build_trace, export_trace
 from tests.probes.conftest import CompleteRun
 
 
@@ -29,7 +29,7 @@ def test_every_event_has_the_fields_its_phase_needs(complete_run: CompleteRun) -
 
 def test_phase_slices_tile_their_step(complete_run: CompleteRun) -> None:
     events = [e for e in _events(complete_run) if e["ph"] == "X"]
-    phase_names = {p.removesuffix("_s") for p in STEP_PHASES}
+    phase_names = {p.removesuffix("_s") for p in PHASES_IN_RUN_ORDER}
     steps = [e for e in events if e["name"] == "step"]
     phases = [e for e in events if e["name"] in phase_names]
     for step in steps:

@@ -35,6 +35,7 @@ from probes.manifest import RunManifest
 from probes.peaks import MachinePeaks, measure_peaks
 from probes.prometheus import PrometheusProbe
 from probes.run_dir import (
+    CALIBRATION_NAME,
     CLIENT_TABLE,
     LOAD_NAME,
     PLAN_NAME,
@@ -45,7 +46,7 @@ from probes.run_dir import (
     SweepPoint,
 )
 from probes.session import ProbeSession
-from probes.step_calibration import CALIBRATION_NAME, measure_calibration
+from probes.step_calibration import measure_calibration
 
 ENGINE_KINDS = ("continuous", "static", "naive")
 # Seconds in-flight requests get to finish after the load stops before they are aborted.

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.html.report import write_report
-from reports.html.sections import SECTIONS
+from reports.html.report import SECTIONS, write_report
 from tests.reports.conftest import MARKUP_PROMPT
 
 CHROMIUM = Path(os.environ.get("SERVESCOPE_CHROMIUM", "/usr/bin/chromium"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.cli import main
+from loadtests.cli import main
 
 
 def test_report_writes_both_files(scenario_dir, tmp_path, capsys) -> None:

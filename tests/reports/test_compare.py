@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from reports.cli import main
+from loadtests.cli import main
 from reports.compare import FIGURES, compare, regressions
 
 

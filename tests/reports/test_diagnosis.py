@@ -7,9 +7,9 @@ import json
 import pytest
 
 from reports.html.report import write_report
-from reports.verdict.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, diagnose
-from reports.verdict.engine_rules import HostOverhead
-from reports.verdict.evidence import BOTTLENECKS, RULES, Evidence, register
+from reports.verdict.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, check_rule_names, diagnose
+from reports.verdict.evidence import BOTTLENECKS, Evidence
+from reports.verdict.rules import RULES, rule
 
 
 def evidence(name: str, passed: bool | None) -> Evidence:
@@ -42,15 +42,19 @@ def test_an_unknown_bottleneck_is_refused() -> None:
         Diagnosis.from_dict({"bottleneck": "network"})
 
 
-def test_every_rule_states_its_reason_and_registers_once() -> None:
-    assert all(rule.why and rule.name for rule in RULES.values())
-    with pytest.raises(ValueError, match="registered twice"):
-        register(HostOverhead)
+def test_every_rule_states_its_reason_once_and_an_unknown_name_fails_loudly() -> None:
+    assert all(r.why and r.name for r in RULES)
+    assert len({r.name for r in RULES}) == len(RULES)
+    assert rule("host_overhead").name == "host_overhead"
+    with pytest.raises(ValueError, match="no rule named 'host_overheads'; the rules: .*host_overhead"):
+        rule("host_overheads")
 
 
-def test_every_finding_names_registered_rules() -> None:
+def test_every_finding_names_listed_rules() -> None:
     for finding in ENGINE_FINDINGS:
-        assert set(finding.all_of + finding.any_of + finding.support) <= set(RULES)
+        assert set(finding.all_of + finding.any_of + finding.support) <= {r.name for r in RULES}
+    with pytest.raises(ValueError, match="no rule named 'engine_busy'"):
+        check_rule_names(Finding("none", all_of=("engine_idle",)), Finding("none", all_of=("engine_busy",)))
 
 
 def test_a_finding_needs_all_of_and_one_of_any_of() -> None:

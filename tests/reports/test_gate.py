@@ -72,7 +72,7 @@ def _bench_report(engines: tuple[str, ...] = ("continuous", "naive")) -> dict:
 
 
 def test_gate_cli_exit_codes(tmp_path, capsys) -> None:
-    from engine.cli import main
+    from loadtests.cli import main
 
     floors = tmp_path / "floors.toml"
     floors.write_text('[ratios]\ncontinuous_over_naive = { min = 1000.0 }\n')
@@ -88,7 +88,7 @@ def test_gate_cli_exit_codes(tmp_path, capsys) -> None:
 
 
 def test_a_floor_whose_engine_the_bench_lacks_is_an_error(tmp_path, capsys) -> None:
-    from engine.cli import main
+    from loadtests.cli import main
 
     with pytest.raises(ValueError, match=r"paged_over_contiguous_capacity: the bench report has no contiguous engine"):
         gate_ratios(load_floors(), _bench_report(), None)

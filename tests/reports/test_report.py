@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import markupsafe
+import pytest
 
-from reports.html.report import write_report
-from reports.html.sections import SECTIONS
+from reports.html.report import SECTIONS, section, write_report
 from tests.reports.conftest import MARKUP_PROMPT
 
 
@@ -20,9 +20,16 @@ def test_the_report_is_one_offline_file_with_every_section(markup_run) -> None:
     assert page.count("Plotly.newPlot") >= 6  # timelines, waits, CDFs, goodput, steps, roofline
     assert page.count("* plotly.js v") == 1, "plotly.js is inlined exactly once"
     assert page.index("* plotly.js v") < page.index("</head>")
-    for section in SECTIONS:
-        assert f'<section id="{section.anchor}">' in page and f"<h2>{section.title}</h2>" in page
+    for s in SECTIONS:
+        assert f'<section id="{s.anchor}">' in page and f"<h2>{s.title}</h2>" in page
     assert page.index('id="verdict"') < page.index('id="timelines"')
+
+
+def test_the_sections_are_listed_once_in_page_order_and_an_unknown_one_fails_loudly() -> None:
+    assert [s.anchor for s in SECTIONS][:3] == ["capacity", "verdict", "levers"]
+    assert section("verdict").title == "Verdict"
+    with pytest.raises(ValueError, match="no report section 'verdicts'; the sections: capacity, verdict, levers"):
+        section("verdicts")
 
 
 def test_request_text_is_escaped(markup_run) -> None:

@@ -10,13 +10,14 @@ import pandas as pd
 from rich.console import Console
 
 from loadtests.client.table import load_client_requests
-from loadtests.run.progress import SUMMARY_COLUMNS, summary_table
-from loadtests.run.summary import write_summary
+from loadtests.run.finish import write_summary
 from probes.loader import load_manifest
 from probes.run_dir import CLIENT_HEALTH_TABLE, SUMMARY_NAME, RunDirectory
 from probes.schemas import CLIENT_HEALTH
+from reports.console import SUMMARY_COLUMNS, summary_table
 from reports.dataset import RunDataset
-from reports.summary import OpenLoopMeasures, RunSummary, client_warnings
+from reports.measures import OpenLoopMeasures
+from reports.summary import RunSummary, client_warnings
 from reports.verdict.diagnosis import read_diagnosis
 
 

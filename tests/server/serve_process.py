@@ -1,4 +1,4 @@
-"""``servescope serve`` as a child process (``python -m engine.cli serve``), as users and other tools run it."""
+"""``servescope serve`` as a child process (``python -m loadtests.cli serve``), as users and other tools run it."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ EXIT_TIMEOUT_S = 30.0
 
 
 class ServeProcess:
-    """``python -m engine.cli serve`` on port 0, with its stderr read on a thread."""
+    """``python -m loadtests.cli serve`` on port 0, with its stderr read on a thread."""
 
     def __init__(self, *extra: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "serve", "--model", MODEL, "--port", "0", "--execution", "eager",
+            [sys.executable, "-m", "loadtests.cli", "serve", "--model", MODEL, "--port", "0", "--execution", "eager",
              "--num-kv-blocks", "128", "--shutdown-timeout", "20", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine.cli import build_parser
 from engine.flags import engine_config_from_args
 from engine.server.app import ServerSettings
 from engine.server.cli import build_engine, run_serve
+from loadtests.cli import build_parser
 from tests.server.conftest import MODEL, start_server, stop_server
 from tests.server.serve_process import EXIT_TIMEOUT_S, STARTUP_TIMEOUT_S, ServeProcess
 

@@ -1,4 +1,4 @@
-"""The A/B gate names the layer from recorded step tables.
+"""The A/B gate names the bottleneck from recorded step tables.
 
 ``fixtures/ab/<case>/`` holds both sides' step tables and round times of real `servescope gate --ab`
 runs on dummy:tiny (each ``rounds.json`` says the command): a KV pool too small for the batch (cache),
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reports.gate.bottleneck import name_layer, summarize_side
+from reports.gate.bottleneck import name_bottleneck, summarize_side
 from reports.gate.verdict import decide, format_verdict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ab"
@@ -25,14 +25,14 @@ def recorded(case: str) -> tuple[pd.DataFrame, list[float], pd.DataFrame, list[f
             pd.read_parquet(FIXTURES / case / "steps_candidate.parquet"), rounds["candidate_round_s"])
 
 
-@pytest.mark.parametrize(("case", "layer", "phase"), [
+@pytest.mark.parametrize(("case", "bottleneck", "phase"), [
     ("cache", "cache", None), ("batching", "batching", None), ("host", "execution", "host")])
-def test_recorded_runs_name_their_layer(case: str, layer: str, phase: str | None) -> None:
+def test_recorded_runs_name_their_bottleneck(case: str, bottleneck: str, phase: str | None) -> None:
     verdict = decide(*recorded(case))
     assert not verdict.passed
-    assert (verdict.named_layer, verdict.layer.phase) == (layer, phase)
+    assert (verdict.named_bottleneck, verdict.source.phase) == (bottleneck, phase)
     text = format_verdict(verdict, ("base flags", "candidate flags"))
-    assert text.splitlines()[-1].startswith("gate: FAIL") and text.splitlines()[-1].endswith(layer)
+    assert text.splitlines()[-1].startswith("gate: FAIL") and text.splitlines()[-1].endswith(bottleneck)
 
 
 def test_cache_and_batching_are_told_apart_by_preemption() -> None:
@@ -42,7 +42,7 @@ def test_cache_and_batching_are_told_apart_by_preemption() -> None:
     assert batching.candidate.preemptions_per_round == batching.base.preemptions_per_round == 0
     assert batching.candidate.peak_seqs == 4 < batching.base.peak_seqs
     for verdict in (cache, batching):
-        assert verdict.layer.contributions["steps"] > verdict.layer.contributions["step_time"]
+        assert verdict.source.contributions["steps"] > verdict.source.contributions["step_time"]
 
 
 def test_a_slower_forward_with_the_same_batches_is_execution_forward() -> None:
@@ -51,16 +51,16 @@ def test_a_slower_forward_with_the_same_batches_is_execution_forward() -> None:
     extra = 0.3 * base_steps["forward_s"]
     slowed = base_steps.assign(forward_s=base_steps["forward_s"] + extra)
     slowed_round_s = [t + extra[base_steps["round"] == r].sum() for r, t in enumerate(base_round_s)]
-    layer = name_layer(summarize_side(base_steps, base_round_s), summarize_side(slowed, slowed_round_s))
-    assert (layer.layer, layer.phase) == ("execution", "forward")
-    assert layer.contributions["steps"] == 0
+    source = name_bottleneck(summarize_side(base_steps, base_round_s), summarize_side(slowed, slowed_round_s))
+    assert (source.bottleneck, source.phase) == ("execution", "forward")
+    assert source.contributions["steps"] == 0
 
 
-def test_an_unchanged_build_gets_no_layer() -> None:
+def test_an_unchanged_build_gets_no_bottleneck() -> None:
     base_steps, base_round_s, _, _ = recorded("batching")
     verdict = decide(base_steps, base_round_s, base_steps, base_round_s)
-    assert verdict.passed and verdict.named_layer is None
-    assert "layer: not named" in format_verdict(verdict, ("a", "b"))
+    assert verdict.passed and verdict.named_bottleneck is None
+    assert "bottleneck: not named" in format_verdict(verdict, ("a", "b"))
 
 
 def test_step_tables_without_the_phases_are_refused() -> None:
