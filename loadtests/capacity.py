@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
+from loadtests.errors import RunFailedError
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity.interval import RateInterval
@@ -121,6 +122,13 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped = (f"users-{users} was {search.overloaded[-1]['why']}; the search stopped there and "
                               f"judges the points before it")
             break
+        if point is None and not search.order:
+            # NOTE: nothing measured at all (its one point overloaded): no report to write, so say it here.
+            search.stopped = f"users-{users} was {search.overloaded[-1]['why']}; nothing was measured"
+            _save(out, search)
+            raise RunFailedError(f"the capacity search in {out} measured nothing: its first point, users-{users}, was "
+                                 f"{search.overloaded[-1]['why']}; is the machine busy? (see "
+                                 f"{out / f'users-{users}' / 'locust.log'})")
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)

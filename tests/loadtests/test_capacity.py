@@ -150,3 +150,24 @@ def test_a_point_whose_every_request_outlasts_it_is_overloaded_not_broken(tmp_pa
     assert overloaded_point(_point(tmp_path, "failed", [(True, 28.0, 200), (True, 29.0, 503)])) is None
     assert overloaded_point(_point(tmp_path, "measured", [(True, 3.0, 200), (False, 9.0, 200)])) is None
     assert overloaded_point(tmp_path / "never-ran") is None
+
+
+def test_a_search_whose_first_point_measured_nothing_says_so(tmp_path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from loadtests.capacity import search_capacity
+    from loadtests.config import LoadConfig
+    from loadtests.errors import RunFailedError
+
+    def run_at(config: LoadConfig, run_dir) -> None:  # noqa: ANN001 - a Path
+        # A starved server (2026-12-06, a busy 2-core box): 1 user's one request took 79 s, past the point.
+        _point(run_dir.parent, run_dir.name, [(True, 79.0, 200)])
+
+    out = tmp_path / "search"
+    base = LoadConfig(users=1, duration_s=20.0, warmup_s=10.0, workload="fixed")
+    with pytest.raises(RunFailedError, match="measured nothing: its first point, users-1, was overloaded"):
+        search_capacity(base, out, run_at, Console(file=io.StringIO()), probed=True)
+    search = json.loads((out / "capacity.json").read_text())
+    assert search["order"] == [] and "nothing was measured" in search["stopped"]
