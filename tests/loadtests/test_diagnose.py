@@ -149,7 +149,7 @@ def test_two_worker_processes_merge_into_one_set_of_stats(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_default_diagnose_as_readme_runs_it(tmp_path) -> None:
-    """``servescope diagnose`` with no flags: the bundled smollm2-135m, a capacity search, about 3.5 minutes on 2 cores."""
+    """``servescope diagnose`` with no flags: the bundled smollm2-135m, a capacity search, about 5 minutes on 2 cores."""
     result = run_cli("diagnose", cwd=tmp_path, timeout_s=600)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "runs").iterdir())
