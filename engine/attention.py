@@ -15,7 +15,7 @@ class GatherWorkspace:
 
     Why: a fresh gather output per layer is memory the allocator may have handed back to the OS,
     so every step pays page faults and cold writes for it; one buffer pair that every layer writes
-    in turn stays mapped and warm (README, "Optimized execution on CPU", has the figures). The
+    in turn stays mapped and warm (docs/results.md, "The engine", has the figures). The
     optimized path owns one; eager allocates per call, as a plain framework forward does.
     """
 
@@ -143,7 +143,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         keys = gather_context(k_cache, meta.block_tables[i], seq_len).transpose(0, 1)  # [KVH, S, D]
         values = gather_context(v_cache, meta.block_tables[i], seq_len).transpose(0, 1)
         # NOTE: batched 4-D inputs: with 3-D ones torch's CPU SDPA takes its unfused math path for GQA,
-        # a third of a 512-token prefill step on this model (README, "Optimized execution on CPU").
+        # a third of a 512-token prefill step on this model (docs/results.md, "The engine").
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)
         num_new = end - start
@@ -169,7 +169,7 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     runs in float32, as HF's eager attention does.
 
     NOTE: no permuted copies of K or V: on CPU such layout copies cost more of the step than the
-    attention itself (README, "Optimized execution on CPU").
+    attention itself (docs/results.md, "The engine").
     """
     assert meta.decode_seq_lens is not None and meta.decode_block_tables is not None
     num_seqs, num_heads, head_dim = query.shape

@@ -61,9 +61,18 @@ class EngineConfig:
     enable_chunked_prefill: bool = _flag(True, "split long prompts across steps within the token budget",
                                          negative="--no-chunked-prefill")
     execution: ExecutionMode = _flag("optimized", "eager PyTorch, or fused and prepacked kernels (CUDA graphs on GPU)")
-    weights: WeightsForm = _flag("dense", "GEMM weights: dense in --dtype; int8 (one scale per row) or int4 (the "
-                                          "GGUF's own Q4_1 groups of 32; LM head int8), weight-only, CPU only, "
-                                          "fast with --dtype bfloat16")
+    weights: WeightsForm = _flag("dense", "GEMM weights: dense in --dtype; int8 (one scale per row, torch's kernel, "
+                                          "fast with --dtype bfloat16) or int4 (the GGUF's own Q4_1 groups of 32, "
+                                          "LM head its Q8_0: multiplied by the C kernel built for this CPU with "
+                                          "16-bit activations, every all-decode step one fused C call; torch's "
+                                          "int4 kernel where the C kernels cannot build). CPU only")
+    int4_dense_rows: int | None = _flag(None, "with --weights int4 on the C kernel: steps of at least this many rows "
+                                              "(prompt chunks) multiply a dense copy of the weights in --dtype "
+                                              "instead of the 4-bit codes; the copy costs 2 bytes per weight in "
+                                              "bfloat16 (+210 MB for SmolLM2-135M), none is kept when the value "
+                                              "exceeds --max-num-batched-tokens. Default: 32 with --dtype bfloat16 "
+                                              "on a CPU with native bfloat16 GEMMs (the crossover measured there), "
+                                              "else no copy (float32 dense GEMMs are slower than the kernel)")
     device: str = _flag("auto", "auto (CUDA when present), cpu, cuda or cuda:N")
     attention_backend: AttentionBackendName = _flag("auto", "kernels for attention, KV store, RMSNorm and SiLU: "
                                                             "auto is Triton on GPU and the C decode-attention "
@@ -76,7 +85,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         _require_positive("max_num_seqs", self.max_num_seqs)
         _require_positive("block_size", self.block_size)
-        for name in ("max_num_batched_tokens", "max_model_len", "num_kv_blocks", "num_threads"):
+        for name in ("max_num_batched_tokens", "max_model_len", "num_kv_blocks", "num_threads", "int4_dense_rows"):
             value = getattr(self, name)
             if value is not None:
                 _require_positive(name, value)
@@ -88,6 +97,8 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.weights not in ("dense", "int8", "int4"):
             raise ValueError(f"weights must be 'dense', 'int8' or 'int4', got {self.weights!r}")
+        if self.int4_dense_rows is not None and self.weights != "int4":
+            raise ValueError(f"int4_dense_rows applies to weights='int4', not {self.weights!r}")
         if self.execution not in ("eager", "optimized"):
             raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):

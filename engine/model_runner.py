@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,10 @@ from engine.request import RequestId
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.weights import LoadedModel
+
+if TYPE_CHECKING:
+    from engine.cpu_kernels import CpuKernels
+    from engine.cpu_kernels.decode_step import FusedDecodeStep
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class ModelRunner:
         self.gather_workspace = GatherWorkspace() if config.execution == "optimized" else None
         self.sampler = Sampler(config.seed, eos_token_ids)
         self.decode_graphs = self._capture_decode_graphs()
+        self.fused_decode = self._fused_decode()
 
     def _capture_decode_graphs(self) -> DecodeGraphs | None:
         """On GPU with the optimized path and Triton attention, capture decode graphs per bucket."""
@@ -73,13 +79,28 @@ class ModelRunner:
         graphs.capture()
         return graphs
 
+    def _fused_decode(self) -> FusedDecodeStep | None:
+        """On the optimized CPU path with int4 kernel weights: all-decode steps in one C call."""
+        if self.config.execution != "optimized" or self.config.weights != "int4" or self.device.type != "cpu":
+            return None
+        from engine.cpu_kernels import cpu_kernels
+        from engine.cpu_kernels.decode_step import FusedDecodeStep, why_not_fused
+
+        kernels, problem = cpu_kernels()
+        if kernels is not None:
+            problem = why_not_fused(self.model, self.kv_caches)
+            if problem is None:
+                return FusedDecodeStep(kernels, self.model, self.kv_caches)
+        logger.warning("decode steps run layer by layer, not as one fused call: %s", problem)
+        return None
+
     def _warn_if_bf16_is_emulated(self) -> None:
         if self.device.type == "cpu" and self.config.dtype == "bfloat16" and native_bf16_gemm() is None:
             logger.warning("dtype=bfloat16 on a CPU without AVX512-BF16 or AMX: its GEMMs are emulated and may be "
                            "slower than float32")
-        if self.config.weights != "dense" and self.config.dtype == "float32":
-            logger.warning("weights=%s with float32 activations runs torch's slow CPU path (slower than dense "
-                           "float32); add --dtype bfloat16", self.config.weights)
+        if self.config.weights == "int8" and self.config.dtype == "float32":
+            logger.warning("weights=int8 with float32 activations runs torch's slow CPU path (slower than dense "
+                           "float32); add --dtype bfloat16")
 
     def _model_weights(self, loaded: LoadedModel) -> ModelWeights:
         """The projection form: quantized when asked; on CPU the optimized path prepacks the dense ones."""
@@ -88,8 +109,39 @@ class ModelRunner:
             projection = self.config.weights
         elif self.config.execution == "optimized" and self.device.type == "cpu":
             projection = "packed"
+        kernels = self._quant_kernels() if projection == "int4" else None
         return ModelWeights(loaded.config, loaded.state_dict, self.config.torch_dtype, self.device, projection,
-                            loaded.int4_weights, loaded.source)
+                            loaded.int4_weights, loaded.source, kernels, loaded.int8_weights,
+                            self._int4_dense_rows() if kernels is not None else None)
+
+    def _int4_dense_rows(self) -> int | None:
+        """Rows from which an int4 step multiplies a dense copy instead of the codes; None: no copy is kept.
+
+        Asked for, or by default where the dense GEMM measured faster for big steps: bfloat16 on a CPU that
+        runs it natively. A bound no step reaches (the token budget) keeps no copy.
+        """
+        from engine.model.kernel_projection import BF16_DENSE_FROM_ROWS
+
+        rows = self.config.int4_dense_rows
+        if rows is None and self.config.dtype == "bfloat16" and native_bf16_gemm() is not None:
+            rows = BF16_DENSE_FROM_ROWS
+        budget = self.config.max_num_batched_tokens
+        assert budget is not None
+        return rows if rows is not None and rows <= budget else None
+
+    def _quant_kernels(self) -> CpuKernels | None:
+        """The C kernels for int4 weights (Q4_1 codes, Q8_0 head); None, logged, where they cannot run."""
+        from engine.cpu_kernels import cpu_kernels
+
+        kernels, problem = cpu_kernels()
+        if self.device.type != "cpu":
+            problem = f"the model runs on {self.device}"
+        elif kernels is not None:
+            return kernels
+        logger.warning("weights=int4 keeps torch's int4 kernel: %s%s", problem,
+                       "; with float32 activations it is slower than dense float32, add --dtype bfloat16"
+                       if self.config.dtype == "float32" else "")
+        return None
 
     def _model_ops(self) -> ModelOps:
         """Triton kernels (attention, KV store, norms, SiLU) on the optimized GPU path or when asked; else torch."""
@@ -191,6 +243,8 @@ class ModelRunner:
         if self.decode_graphs is not None and not inputs.meta.prefill_ids \
                 and self.decode_graphs.can_run(inputs.meta.num_seqs):
             hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        elif self.fused_decode is not None and not inputs.meta.prefill_ids:
+            hidden = self.fused_decode.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices)).cpu()

@@ -29,8 +29,8 @@ ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
     # the optimized path with torch's decode attention (gathered, padded) instead of the CPU's C kernel
     "torch-attention": lambda c, w: LLMEngine(replace(c, attention_backend="torch"), w),
     "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
-    # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (README, "Which --dtype and
-    # --weights"), so these use them where the CPU has native bfloat16 GEMMs.
+    # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (docs/engine.md, "Which
+    # `--dtype` and `--weights`"), so these use them where the CPU has native bfloat16 GEMMs.
     "int8": lambda c, w: LLMEngine(replace(c, weights="int8", dtype=_quantized_dtype(c)), w),
     "int4": lambda c, w: LLMEngine(replace(c, weights="int4", dtype=_quantized_dtype(c)), w),
     "naive": lambda c, w: NaiveEngine(c, w),

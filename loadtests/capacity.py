@@ -7,7 +7,9 @@ sides of it. When requests queue past the knee, the capacity point is rerun with
 ``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.result), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
 ``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
-be judged (reports.health) stops the search.
+be judged (reports.health) stops the search; so does a point whose requests fail from overload
+(dropped, refused as busy, timed out, out of context or KV cache: reports.failures), which stays in
+the sweep as the evidence of the limit it found.
 """
 
 from __future__ import annotations
@@ -20,19 +22,20 @@ from rich.console import Console
 
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.errors import RunFailedError
+from probes.manifest import RunStatus
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity.interval import RateInterval
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import (
-    SERIAL_GAIN,
     UNQUEUED_DECODING_SHARE,
     CapacitySearch,
     capacity_result,
     focus_users,
+    is_serial,
 )
 from reports.dataset import RunDataset
-from reports.health import run_health
+from reports.health import point_failures
 from reports.summary import point_measures
 
 # A doubling rises when its throughput is at least this many times that of the last point that rose,
@@ -107,11 +110,14 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             return None
         search.order.append(users)
         _write_index(out, search)
-        point = _measure(run_dir, search.slo_attainment)
+        point, failed = _measure(run_dir, search.slo_attainment)
         if point is not None:
             measured[users] = point
             console.print(point.words() + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"),
                           highlight=False)
+        if point is not None and failed is not None and search.failed_at is None:
+            search.failed_at = {"users": users, "dir": config.point_name, "why": failed}
+            console.print(f"{users} users: {failed}: read as overload, the limit this load found")
         return point
 
     users, doubled = 1, []
@@ -134,6 +140,10 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             return _save(out, search)
         doubled.append((users, point.output_tokens_per_s))
         last_rise, plateau = doubling_plateau(doubled)
+        if search.failed_at is not None and search.failed_at["users"] == users:
+            search.stopped = (f"users-{users}: {search.failed_at['why']}; overload is the limit, so the search "
+                              f"stopped there")
+            break
         if plateau is not None:
             search.stopped = plateau
             break
@@ -218,18 +228,26 @@ def overloaded_point(run_dir: Path) -> str | None:
             f"first was sent, and all succeeded")
 
 
-def _measure(run_dir: Path, slo_attainment: float) -> _Measured | None:
-    """The point's throughput (and whether its SLO held); None when it cannot be judged."""
+def _measure(run_dir: Path, slo_attainment: float) -> tuple[_Measured | None, str | None]:
+    """The point's throughput (and whether its SLO held), None when it cannot be judged; and, when its
+    requests failed from overload past reports.health's share, those failures in words."""
     from reports.capacity.result import capacity_point
 
     data = RunDataset.load(run_dir)
     measures = point_measures(data)
-    if not run_health([data], [measures]).can_judge:
-        return None
+    if data.manifest is not None and data.manifest.status is RunStatus.FAILED:
+        return None, None
+    c = measures.client
+    if (c is None or c.num_requests == 0) and (measures.server is None or measures.server.num_steps == 0):
+        return None, None
+    verdict, counts = point_failures(data, measures)
+    if verdict == "broken":
+        return None, None
     point = capacity_point(data, measures)
     slo_ok = None if point.slo_attainment is None else point.slo_attainment["value"] >= slo_attainment
+    failed = counts.describe() if verdict == "overload" and counts is not None else None
     return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok, point.interval, point.measured_s,
-                     point.other_cpu_cores)
+                     point.other_cpu_cores), failed
 
 
 def verdict_users(out: Path, search: CapacitySearch) -> int:
@@ -252,7 +270,7 @@ def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
     capacity = _current(out, search)
     if capacity.concurrency is None or capacity.past_knee_users is None:
         return False
-    if capacity.serial_gain is not None and capacity.serial_gain < SERIAL_GAIN:
+    if is_serial(capacity):
         return False
     return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
 

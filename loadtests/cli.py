@@ -119,11 +119,11 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
 
 
 def is_search(args: argparse.Namespace) -> bool:
-    """Whether the command searches for the server's capacity: no --users, --rate, --sweep, trace, --ablate,
-    --retest or --master (each of those runs one load point, or points of its own)."""
+    """Whether the command searches for the server's capacity: no --users, --rate, --sweep, trace, --ablate or
+    --master (each of those runs one load point, or points of its own). ``diagnose --retest`` without them searches
+    first, then reruns the verdict's point with the lever pulled."""
     return (args.users is None and args.rate is None and args.sweep is None and not is_trace(args.workload)
-            and not getattr(args, "ablate", False) and getattr(args, "retest", None) is None
-            and not getattr(args, "master", False))
+            and not getattr(args, "ablate", False) and not getattr(args, "master", False))
 
 
 def add_master_args(parser: argparse.ArgumentParser) -> None:
@@ -249,6 +249,15 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, {points}, {schedule_words(configs[0])} "
                   f"-> {out}")
     try:
+        if args.retest is not None:
+            if sweep is not None:
+                raise ValueError("--retest reruns one load point with the named lever pulled; drop --sweep")
+            from loadtests.retest import run_retest
+            from loadtests.run.orchestrator import SearchOptions
+
+            search = SearchOptions(diagnose_max_users(args)) if is_search(args) else None
+            run_retest(configs[0], out, serve_argv(args), args.model, console, args.retest, search=search)
+            return 0
         if is_search(args):
             from loadtests.run.orchestrator import SearchOptions, run_diagnose_search
 
@@ -261,13 +270,6 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             from loadtests.run.orchestrator import run_ablation
 
             run_ablation(configs[0], out, serve_argv(args), args.model, console)
-            return 0
-        if args.retest is not None:
-            if sweep is not None:
-                raise ValueError("--retest reruns one load point with the named lever pulled; drop --sweep")
-            from loadtests.retest import run_retest
-
-            run_retest(configs[0], out, serve_argv(args), args.model, console, args.retest)
             return 0
         run_diagnose(configs, out, serve_argv(args), args.model, console, sweep)
     except RunFailedError as exc:
@@ -326,7 +328,7 @@ def register_diagnose(subparsers: Any) -> None:
     p.add_argument("--retest", type=int, nargs="?", const=1, default=None, metavar="N",
                    help="after the diagnosis, rerun the same load with the lever predicted to gain most pulled, and "
                         "diagnose again; up to N rounds (default 1), stopping when no lever is predicted to gain 10%%; "
-                        "each round in OUT/round-K")
+                        "each round in OUT/round-K (after a capacity search: its verdict's point, rerun)")
     p.set_defaults(func=_cmd_diagnose)
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -23,6 +23,9 @@ from rich.table import Table
 from loadtests.config import LoadConfig
 from probes.run_dir import DIAGNOSIS_NAME, RETEST_NAME, RunDirectory
 from reports.whole_table import print_whole
+
+if TYPE_CHECKING:
+    from loadtests.run.orchestrator import SearchOptions
 
 MEASURES = ("output_throughput", "ttft_p50", "tpot_p50")
 
@@ -58,16 +61,26 @@ RoundRunner = Callable[[LoadConfig, Path, list[str]], None]
 
 
 def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str, console: Console,
-               max_rounds: int, run_round: RoundRunner | None = None) -> list[dict[str, Any]]:
+               max_rounds: int, run_round: RoundRunner | None = None,
+               search: SearchOptions | None = None) -> list[dict[str, Any]]:
     """Up to ``max_rounds`` pulls after the first diagnosis; returns one record per pull.
 
-    ``run_round`` runs one round (default: ``diagnose``'s probed server under Locust).
+    ``run_round`` runs one round (default: ``diagnose``'s probed server under Locust). With ``search``, round 0
+    is a capacity search (``config``'s users are the search's to choose) and the later rounds rerun the point its
+    verdict was read at (its users, duration and warm-up) with the lever pulled.
     """
     if run_round is None:
         from loadtests.run.orchestrator import run_diagnose
 
         def run_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
             run_diagnose([load], round_dir, argv, model, console)
+
+    first_round = run_round
+    if search is not None:
+        from loadtests.run.orchestrator import run_diagnose_search
+
+        def first_round(load: LoadConfig, round_dir: Path, argv: list[str]) -> None:
+            run_diagnose_search(load, round_dir, argv, model, console, search)
 
     if max_rounds < 1:
         raise ValueError(f"--retest takes a number of rounds >= 1, got {max_rounds}")
@@ -79,12 +92,18 @@ def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str,
     for index in range(max_rounds + 1):
         round_dir = out / f"round-{index}"
         console.rule(f"retest round {index}: {' '.join(argv) or 'the given flags'} ({load.point_name})")
-        run_round(load, round_dir, argv)
+        (first_round if index == 0 else run_round)(load, round_dir, argv)
         diagnosis = json.loads((round_dir / DIAGNOSIS_NAME).read_text())
+        if index == 0 and search is not None:
+            load = focus_load(round_dir, diagnosis, load)
         if previous is not None:
             record = pull_record(previous, round_dir, diagnosis)
             pulls.append(record)
             RunDirectory(previous[0]).write_json(RETEST_NAME, {"outcome": record})
+            focus = previous[0] / str(previous[1].get("label") or "")
+            if search is not None and focus != previous[0] and focus.is_dir():
+                # NOTE: a search's verdict reads its predictions off the focus point's own directory
+                RunDirectory(focus).write_json(RETEST_NAME, {"outcome": record})
             RunDirectory(round_dir).write_json(RETEST_NAME, {"pulled": record})
             diagnosis = rewrite_reports(previous[0], round_dir)
             print_pull(console, record)
@@ -107,6 +126,16 @@ def run_retest(config: LoadConfig, out: Path, serve_argv: list[str], model: str,
     dirs = " ".join(str(out / f"round-{i}") for i in range(len(pulls) + 1))
     console.print(f"rounds side by side: servescope compare {dirs}")
     return pulls
+
+
+def focus_load(search_dir: Path, diagnosis: dict[str, Any], base: LoadConfig) -> LoadConfig:
+    """The load of the point a capacity search's verdict was read at (``diagnosis["label"]``, its point directory)."""
+    info = RunDirectory(search_dir / str(diagnosis.get("label") or "")).load_info()
+    if info is None or info.config.get("users") is None:
+        raise ValueError(f"{search_dir}: the verdict's point {diagnosis.get('label')!r} has no load.json to rerun")
+    point = info.config
+    return dataclasses.replace(base, users=int(point["users"]), duration_s=float(point["duration_s"]),
+                               warmup_s=float(point["warmup_s"]))
 
 
 def pull_record(previous: tuple[Path, dict[str, Any], dict[str, Any]], round_dir: Path,

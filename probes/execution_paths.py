@@ -100,7 +100,7 @@ def measure_paths(model: str, batch: int, context: int, paths: tuple[str, ...] =
         raise ValueError(f"batch, context and num_steps must be >= 1, got {batch}, {context}, {num_steps}")
     paths = tuple(dict.fromkeys((*paths, OPTIMIZED)))
     # NOTE: the model's own weights, never a random twin of its shape: dummy:smollm2-shape's random
-    # weights take 3x the time of the real ones per decode step on a CPU (README).
+    # weights take 3x the time of the real ones per decode step on a CPU (docs/results.md).
     source = model
     probe = EngineConfig(model=source, dtype=dtype)
     loaded = load_model(source, probe.torch_dtype, seed)

@@ -96,24 +96,30 @@ def replay(config: EngineConfig, requests: Sequence[SimRequest], load: ReplayLoa
 
 
 def measure(run: SimRun, warmup_s: float, duration_s: float) -> ReplayMeasures:
-    measured = [o for o in run.outcomes if o.send_s >= warmup_s and o.end_s is not None]
-    if not measured:
-        return ReplayMeasures(0, None, None, None, None, None, None, 0.0, 0, run.is_truncated)
-    start = min(o.send_s for o in measured)
-    end = max(o.end_s for o in measured if o.end_s is not None)
-    window = end - start
+    """The replay measured as a run is: tokens out while sending (every request counts by its progress, finished
+    or not), and the window figures of the measured requests that finished (None when none did)."""
+    stop = warmup_s + duration_s
+    steady = sum(n for t, n in run.token_times if warmup_s < t <= stop) / duration_s if duration_s > 0 else None
+    busy = min(run.busy_s / run.end_s, 1.0) if run.end_s > 0 else 0.0
+    sent = [o for o in run.outcomes if o.send_s >= warmup_s]
+    measured = [o for o in sent if o.end_s is not None]
 
     def p50(values: list[float | None]) -> float | None:
         kept = [v for v in values if v is not None and math.isfinite(v)]
         return float(np.percentile(kept, 50)) if kept else None
 
-    stop = warmup_s + duration_s
-    steady = sum(n for t, n in run.token_times if warmup_s < t <= stop) / duration_s if duration_s > 0 else None
+    preemptions = sum(o.num_preemptions for o in run.outcomes)
+    if not measured:
+        # NOTE: in flight at the end, a request still has its first token time if it got one
+        return ReplayMeasures(0, steady, None, None, p50([o.ttft_s for o in sent]), None, None, busy, preemptions,
+                              run.is_truncated)
+    start = min(o.send_s for o in measured)
+    end = max(o.end_s for o in measured if o.end_s is not None)
+    window = end - start
     return ReplayMeasures(
         num_requests=len(measured), steady_throughput=steady,
         output_throughput=sum(o.num_output_tokens for o in measured) / window if window > 0 else None,
         request_throughput=len(measured) / window if window > 0 else None,
         ttft_p50=p50([o.ttft_s for o in measured]), tpot_p50=p50([o.tpot_s for o in measured]),
-        e2e_p50=p50([o.e2e_s for o in measured]),
-        busy_fraction=min(run.busy_s / run.end_s, 1.0) if run.end_s > 0 else 0.0,
-        num_preemptions=sum(o.num_preemptions for o in run.outcomes), is_truncated=run.is_truncated)
+        e2e_p50=p50([o.e2e_s for o in measured]), busy_fraction=busy, num_preemptions=preemptions,
+        is_truncated=run.is_truncated)

@@ -123,6 +123,11 @@ CLIENT_REQUESTS = pa.schema([
     ("has_usage", pa.bool_()),
     ("planned_prompt_tokens", _I64),
     ("max_tokens", _I64),
+    ("num_retries", _I64),  # sent again once: the pooled connection closed before any answer
+    ("retry_error", _STR),
+    ("server_prompt_s", _F64),  # the server's own timings, when its stream carries them (llama.cpp)
+    ("server_decode_s", _F64),
+    ("server_decode_tokens", _I64),
     ("is_ok", pa.bool_()),
     ("ttft_s", _F64),  # send -> first content token
     ("tpot_s", _F64),  # (finish - first token) / (output tokens - 1)

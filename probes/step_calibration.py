@@ -1,22 +1,25 @@
-"""A short step calibration in the server process, before the load: what a decode step costs at each batch size.
+"""A short step calibration in the server process, before the load: what a decode step costs at each batch size,
+on the run's own way and on every other way the engine could run the same model (the execution levers).
 
 A run's own steps show the batch sizes it reached, never the ones a lever would reach (a run at 2 seats
 never shows an 8-sequence step), and no step timer inside a forward can tell a slow execution path
 from a heavy one. So before the load the server times decode steps of its own model at several batch
 sizes (1, 2, 4, ... up to what twice its KV pool holds, at most :data:`MAX_BATCH`), at one
-representative context, on its configured execution path and on the other one (eager vs optimized),
-the two paths interleaved step by step so whatever else the machine does hits both alike. Each
-(path, batch) keeps its best of ``repeats`` steps, as a peak is: what the path does on this machine.
-
-Last, one prompt chunk (``context`` tokens, alone in its step) is timed on each path, for what the
-other path saves on prompt rows.
+representative context, with the run's settings and with each execution variant the device runs
+natively (:mod:`probes.execution_variants`: the optimized path for an eager run, bfloat16, int8/int4
+weights, the other attention backend), interleaved step by step so whatever else the machine does
+hits all alike. Each (variant, batch) keeps its best of ``repeats`` steps, as a peak is: what the
+variant does on this machine. Then one prompt chunk (``context`` tokens, alone in its step) is timed
+on each, for what a variant saves on prompt rows; and each variant that changes the numbers is
+compared with the run's own on a few fixed prompts (:mod:`probes.accuracy`): its price.
 
 It is written as ``step_calibration.json`` and read by two consumers, so they never disagree:
 the execution verdict (the run's path against the optimized one at the run's median decode batch) and
-the predictions (the batch-size curve of the forward, and the other path's ratio to it).
+the predictions (the batch-size curve of the forward, and each variant's forward against it). It is
+kept per machine, model, code and settings (:mod:`probes.calibration_cache`): a second run reads it.
 
 NOTE: every sequence shares one prompt but for its last token, with prefix caching on, so the prefill
-is paid once per path, not once per sequence: the calibration costs a few decode steps per batch size.
+is paid once per variant, not once per sequence: the calibration costs a few decode steps per batch size.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from probes.accuracy import LeverAccuracy, measure_accuracy
+from probes.calibration_cache import cache_key, model_identity, read_cached, write_cached
 from probes.execution_paths import OPTIMIZED, PathTiming
+from probes.execution_variants import ExecutionVariant, execution_variants
 
 MAX_BATCH = 16
+LEVER_BATCHES = (1, 4, 16)
 DEFAULT_REPEATS = 2
 DEFAULT_CONTEXT = 128
 PATHS = ("eager", OPTIMIZED)
@@ -58,6 +65,17 @@ class StepCalibration:
     # path -> best forward of one prompt chunk of ``prefill_tokens`` tokens, nothing else in the step
     prefill_forward_s: dict[str, float] | None = None
     prefill_tokens: int | None = None
+    # variant -> the engine settings it changes from the run's (the run's own: {}); None in older files, whose
+    # only variants were the two execution paths
+    variants: dict[str, dict[str, str]] | None = None
+    accuracy: dict[str, dict[str, Any]] | None = None  # variant -> probes.accuracy.LeverAccuracy, numeric ones
+    failed: dict[str, str] | None = None  # variant -> why it was not timed (or its accuracy not measured)
+    accuracy_s: float | None = None  # of cost_s, the accuracy measurement's share
+    cache_key: str | None = None
+    cached: bool = False  # read from the cache (probes.calibration_cache): this run paid load_s, not cost_s
+    load_s: float | None = None  # what this run paid for it (cost_s when measured now)
+    # variant -> its batch sizes, where fewer than ``batches`` (the levers' are timed at a few sizes); None: all
+    variant_batches: dict[str, list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,15 +86,34 @@ class StepCalibration:
 
     @property
     def other_path(self) -> str | None:
-        others = [p for p in self.step_s if p != self.run_path]
+        """The other execution path (eager or optimized) when it was timed."""
+        others = [p for p in self.step_s if p != self.run_path and p in PATHS]
         return others[0] if others else None
+
+    def changes(self, name: str) -> dict[str, str]:
+        """The engine settings variant ``name`` changes from the run's (an older file's paths: the path)."""
+        if self.variants is not None and name in self.variants:
+            return dict(self.variants[name])
+        return {} if name == self.run_path else {"execution": name}
+
+    def lever_variants(self) -> list[str]:
+        """Every timed variant but the run's own, in the order they were timed."""
+        return [name for name in self.forward_s if name != self.run_path]
+
+    def lever_accuracy(self, name: str) -> LeverAccuracy | None:
+        data = (self.accuracy or {}).get(name)
+        return LeverAccuracy.from_dict(data) if data is not None else None
 
     def forward(self, path: str, batch: float) -> float:
         """The path's forward seconds at ``batch`` sequences (piecewise linear between the calibrated sizes)."""
-        return interpolate(self.batches, self.forward_s[path], batch)
+        return interpolate(self.batches_of(path), self.forward_s[path], batch)
 
     def step(self, path: str, batch: float) -> float:
-        return interpolate(self.batches, self.step_s[path], batch)
+        return interpolate(self.batches_of(path), self.step_s[path], batch)
+
+    def batches_of(self, name: str) -> list[int]:
+        """The batch sizes variant ``name`` was timed at."""
+        return list((self.variant_batches or {}).get(name) or self.batches)
 
     def forward_ratio(self, path: str, batch: float) -> float:
         """How many times faster ``path``'s forward is than the run's own at ``batch`` sequences."""
@@ -93,7 +130,8 @@ class StepCalibration:
         """Both paths' decode step at ``batch`` sequences, as the execution verdict reads it."""
         return PathTiming(model=self.model, dtype=self.dtype, device=self.device, batch=batch,
                           context=self.context if context is None else context, run_path=self.run_path,
-                          step_s={path: self.step(path, batch) for path in self.step_s}, num_steps=self.repeats,
+                          step_s={path: self.step(path, batch) for path in self.step_s if path in PATHS},
+                          num_steps=self.repeats,
                           measured_at=self.measured_at,
                           method=(f"{self.method}; read at the run's median decode batch {batch} "
                                   f"(calibrated at {self.context}-token contexts)"))
@@ -113,6 +151,12 @@ def interpolate(batches: Sequence[int], values: Sequence[float], batch: float) -
     return v1 + max(v1 - v0, 0.0) / (b1 - b0) * (batch - b1)
 
 
+def lever_batches(batches: Sequence[int]) -> list[int]:
+    """The few batch sizes a lever variant is timed at: 1, 4 and 16 where calibrated, and the largest (the run's own
+    way is timed at every size, for the seat and pool levers; a lever's curve between them is near linear)."""
+    return sorted({b for b in batches if b in LEVER_BATCHES} | {batches[0], batches[-1]})
+
+
 def calibration_batches(num_kv_blocks: int, block_size: int, context: int, num_steps: int,
                         max_batch: int = MAX_BATCH) -> list[int]:
     """Powers of two up to what twice the pool holds at ``context`` + ``num_steps`` tokens a sequence (the pool
@@ -122,19 +166,50 @@ def calibration_batches(num_kv_blocks: int, block_size: int, context: int, num_s
     return [2 ** k for k in range(int(math.log2(most)) + 1)]
 
 
-def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT, batches: Sequence[int] | None = None,
-                        repeats: int = DEFAULT_REPEATS, paths: Sequence[str] = PATHS) -> StepCalibration:
-    """Time decode steps of ``loaded`` at each batch size on each path, under the settings of ``config`` (a
-    finalized :class:`~engine.config.EngineConfig`, the run's), the paths interleaved step by step.
+def calibrate(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT) -> StepCalibration:
+    """The run's calibration: read from the cache when this machine, model, code and settings were calibrated
+    before (``cached``, ``load_s`` what reading it cost), else measured now (:func:`measure_calibration`) and kept."""
+    started = time.perf_counter()
+    variants = execution_variants(config, config.torch_device)
+    settings = {**{name: getattr(config, name) for name in KEPT_SETTINGS}, "execution": config.execution,
+                "num_kv_blocks": config.num_kv_blocks, "max_model_len": config.max_model_len, "model": config.model,
+                "context": context, "repeats": DEFAULT_REPEATS, "variants": [v.name for v in variants]}
+    key = cache_key(model_identity(config.model, str(loaded.source)), settings)
+    kept = read_cached(key)
+    if kept is not None:
+        try:
+            calibration = StepCalibration.from_dict(kept)
+        except (KeyError, TypeError):
+            calibration = None
+        if calibration is not None:
+            calibration.cached, calibration.cache_key = True, key
+            calibration.load_s = time.perf_counter() - started
+            return calibration
+    calibration = measure_calibration(loaded, config, context, variants=variants)
+    calibration.cache_key, calibration.load_s = key, calibration.cost_s
+    write_cached(key, calibration.to_dict())
+    return calibration
 
-    One engine per path is built on ``loaded``; requests join as the batch grows (1, 2, 4, ...), each
-    size gets one untimed step after its newcomers' prefill, then ``repeats`` timed steps per path.
+
+def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT, batches: Sequence[int] | None = None,
+                        repeats: int = DEFAULT_REPEATS, variants: Sequence[ExecutionVariant] | None = None,
+                        with_accuracy: bool = True) -> StepCalibration:
+    """Time decode steps of ``loaded`` at each batch size on the run's own way and every ``variants`` (default: the
+    execution levers this device runs natively, :func:`~probes.execution_variants.execution_variants`), under the
+    settings of ``config`` (a finalized :class:`~engine.config.EngineConfig`, the run's), interleaved step by step;
+    then one prompt chunk each, and (``with_accuracy``) what each variant that changes the numbers costs in accuracy.
+
+    One engine per variant is built on ``loaded``; requests join as the batch grows (1, 2, 4, ...), each
+    size gets one untimed step after its newcomers' prefill, then ``repeats`` timed steps per variant.
+    A variant whose engine cannot be built here is left out, with the reason in ``failed``.
     """
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     started = time.perf_counter()
     if context < 1 or repeats < 1:
         raise ValueError(f"context and repeats must be >= 1, got {context}, {repeats}")
+    if variants is None:
+        variants = execution_variants(config, config.torch_device)
     max_model_len = int(config.max_model_len or loaded.config.max_position_embeddings)
     # Steps a sequence may take: per size, its newcomers' prefill and one untimed step, then the timed ones.
     num_steps = (int(math.log2(MAX_BATCH)) + 1) * (repeats + 3) + 2
@@ -146,69 +221,93 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     if context + num_steps > max_model_len:
         context = max(1, max_model_len - num_steps)
     run_path = str(config.execution)
-    order = [run_path, *[p for p in paths if p != run_path]]
     kept = {name: getattr(config, name) for name in KEPT_SETTINGS}
+    changes: dict[str, dict[str, str]] = {run_path: {}}
+    changes.update({v.name: dict(v.changes) for v in variants if v.name != run_path})
     # NOTE: a paged sequence only ever holds context + num_steps tokens; a contiguous one reserves max_model_len.
     is_contiguous = config.kv_layout == "contiguous"
     block = int(config.block_size)
     model_len = max_model_len if is_contiguous else min(max_model_len, math.ceil((context + num_steps + 1) / block) * block)
     per_seq_blocks = math.ceil(model_len / block) + (0 if is_contiguous else 1)
-    engines = {path: LLMEngine(EngineConfig(model=config.model, execution=path, host_overhead_ms=0.0,
-                                            enable_prefix_caching=True, max_num_seqs=batches[-1],
-                                            max_model_len=model_len, num_kv_blocks=per_seq_blocks * batches[-1] + 2,
-                                            **kept), loaded)
-               for path in order}
+    engines: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name, change in changes.items():
+        settings = {**kept, "execution": run_path, **change}
+        try:
+            engines[name] = LLMEngine(EngineConfig(model=config.model, host_overhead_ms=0.0, enable_prefix_caching=True,
+                                                   max_num_seqs=batches[-1], max_model_len=model_len,
+                                                   num_kv_blocks=per_seq_blocks * batches[-1] + 2, **settings), loaded)
+        except (ValueError, RuntimeError) as exc:
+            if name == run_path:
+                raise
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    order = list(engines)
     vocab = loaded.config.vocab_size
     shared = [(7 + 13 * j) % (vocab - 1) + 1 for j in range(context - 1)]
     params = SamplingParams(max_tokens=num_steps, ignore_eos=True)
-    step_s: dict[str, list[float]] = {path: [] for path in order}
-    forward_s: dict[str, list[float]] = {path: [] for path in order}
-    timers = {path: _ForwardTimer() for path in order}
-    for path, engine in engines.items():
-        engine.add_observer(timers[path])
-    num_added = 0
+    step_s: dict[str, list[float]] = {name: [] for name in order}
+    forward_s: dict[str, list[float]] = {name: [] for name in order}
+    timers = {name: _ForwardTimer() for name in order}
+    for name, engine in engines.items():
+        engine.add_observer(timers[name])
+    timed_at = {name: (list(batches) if name == run_path else lever_batches(batches)) for name in order}
+    num_added = dict.fromkeys(order, 0)
     for batch in batches:
-        for path, engine in engines.items():
-            for i in range(num_added, batch):
-                engine.add_request([*shared, (i % (vocab - 1)) + 1], params, request_id=f"calibration-{path}-{i}")
+        timing = [name for name in order if batch in timed_at[name]]
+        for name in timing:
+            engine = engines[name]
+            for i in range(num_added[name], batch):
+                engine.add_request([*shared, (i % (vocab - 1)) + 1], params, request_id=f"calibration-{name}-{i}")
+            num_added[name] = batch
             for _ in range(num_steps):  # bounded: the newcomers' prefill, until every sequence decodes
                 engine.step()
-                if timers[path].last_decode_batch == batch:
+                if timers[name].last_decode_batch == batch:
                     break
-        num_added = batch
-        steps: dict[str, list[float]] = {path: [] for path in order}
-        forwards: dict[str, list[float]] = {path: [] for path in order}
+        steps: dict[str, list[float]] = {name: [] for name in timing}
+        forwards: dict[str, list[float]] = {name: [] for name in timing}
         for _ in range(repeats):
-            for path, engine in engines.items():
+            for name in timing:
                 start = time.perf_counter()
-                engine.step()
-                steps[path].append(time.perf_counter() - start)
-                forwards[path].append(timers[path].last_forward_s)
-        for path in order:
-            step_s[path].append(min(steps[path]))
-            forward_s[path].append(min(forwards[path]))
-    for path, engine in engines.items():
-        for i in range(num_added):
-            engine.abort(f"calibration-{path}-{i}")
-    # A prompt chunk alone in a step, on each path: big GEMMs, where the paths differ least.
+                engines[name].step()
+                steps[name].append(time.perf_counter() - start)
+                forwards[name].append(timers[name].last_forward_s)
+        for name in timing:
+            step_s[name].append(min(steps[name]))
+            forward_s[name].append(min(forwards[name]))
+    for name, engine in engines.items():
+        for i in range(num_added[name]):
+            engine.abort(f"calibration-{name}-{i}")
+    # A prompt chunk alone in a step, on each variant: big GEMMs, where the execution paths differ least.
     chunk = max(1, min(context, int(config.max_num_batched_tokens or context)))
-    prefills: dict[str, list[float]] = {path: [] for path in order}
+    prefills: dict[str, list[float]] = {name: [] for name in order}
     for repeat in range(repeats):
-        for path, engine in engines.items():
+        for name, engine in engines.items():
             # NOTE: a prompt of its own (no prefix-cache hit): every token is computed
             prompt = [(11 * repeat + 5 * j + 3) % (vocab - 1) + 1 for j in range(chunk)]
-            engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"prefill-{path}-{repeat}")
+            engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"prefill-{name}-{repeat}")
             engine.step()
-            prefills[path].append(timers[path].last_forward_s)
-            engine.abort(f"prefill-{path}-{repeat}")
-    device = str(next(iter(engines.values())).config.device)
+            prefills[name].append(timers[name].last_forward_s)
+            engine.abort(f"prefill-{name}-{repeat}")
+    timed_s = time.perf_counter() - started
+    numeric = [v.name for v in variants if v.changes_numbers and v.name in engines]
+    accuracy: dict[str, dict[str, Any]] = {}
+    if with_accuracy and numeric:
+        try:
+            measured = measure_accuracy(engines, run_path, numeric, loaded.tokenizer, vocab)
+            accuracy = {name: a.to_dict() for name, a in measured.items()}
+        except (ValueError, RuntimeError) as exc:
+            failed.update({name: f"accuracy not measured: {type(exc).__name__}: {exc}" for name in numeric})
+    device = str(engines[run_path].config.device)
     cost = time.perf_counter() - started
     return StepCalibration(model=config.model, dtype=str(config.dtype), device=device, context=context,
                            run_path=run_path, batches=list(batches), step_s=step_s, forward_s=forward_s,
                            repeats=repeats, cost_s=cost, measured_at=time.time(),
-                           prefill_forward_s={path: min(t) for path, t in prefills.items()}, prefill_tokens=chunk,
-                           method=(f"best of {repeats} decode steps per path and batch size, paths interleaved, "
-                                   f"in the server process before the load ({cost:.1f} s)"))
+                           prefill_forward_s={name: min(t) for name, t in prefills.items()}, prefill_tokens=chunk,
+                           variants={name: changes[name] for name in order}, accuracy=accuracy or None,
+                           variant_batches={name: b for name, b in timed_at.items() if b != list(batches)} or None,
+                           failed=failed or None, accuracy_s=cost - timed_s,
+                           method=(f"best of {repeats} decode steps per variant and batch size, variants interleaved, "
+                                   f"in the server process before the load ({cost:.1f} s, {len(order)} variants)"))
 
 
 class _ForwardTimer:

@@ -4,11 +4,13 @@ verdict with its deciding evidence; the same objects ``summary.json`` and ``repo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
+from reports.failures import FailureCounts
 from reports.summary import RunSummary
 from reports.verdict.diagnosis import Diagnosis
 from reports.whole_table import print_whole
@@ -23,6 +25,13 @@ def print_run(console: Console, measures: RunSummary, diagnosis: Diagnosis, out:
                           f"{point.accounting.to_dict()}")
         for warning in point.warnings:
             console.print(f"[yellow]warning:[/] {point.label}: {warning.message}", highlight=False)
+        if point.client is not None and point.client.num_retried:
+            console.print(f"{point.label}: {point.client.num_retried} requests were sent again on a fresh connection: "
+                          f"the server closed their pooled keep-alive connection before any answer (counted apart "
+                          f"in the client rows' num_retries, not as failures)", highlight=False)
+    for label, failures in (diagnosis.metrics.get("failures") or {}).items():
+        console.print(f"failures: {label}: {FailureCounts.from_dict(failures).describe()}; read as "
+                      f"{failures['read_as']}", highlight=False)
     if diagnosis.capacity is not None and diagnosis.has_verdict:
         from reports.html.capacity import headline  # NOTE: imported here: it pulls in plotly
 
@@ -37,7 +46,21 @@ def print_run(console: Console, measures: RunSummary, diagnosis: Diagnosis, out:
     evidence = [e for e in diagnosis.evidence if e.name in diagnosis.deciding]
     for e in evidence:
         console.print(f"  evidence: {e.summary} ({e.name})", highlight=False)
+    print_best_lever(console, diagnosis.predictions)
     console.print(f"wrote {out / DIAGNOSIS_NAME} and {out / REPORT_NAME}")
+
+
+def print_best_lever(console: Console, predictions: dict[str, Any] | None) -> None:
+    """The run's last word: the lever predicted to gain most, its gain and its accuracy cost (or why none)."""
+    if not predictions:
+        return
+    best = predictions.get("best_lever")
+    if best is not None:
+        console.print(f"[bold]lever to pull:[/] {best['text']}", highlight=False)
+        console.print("  rerun with --retest to pull it under the same load and measure it against the prediction",
+                      highlight=False)
+    else:
+        console.print(f"[bold]levers:[/] {predictions.get('verdict')}", highlight=False)
 
 
 def summary_table(summary: RunSummary) -> Table:

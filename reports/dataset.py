@@ -176,8 +176,15 @@ class RunDataset:
             measured = self.client[~self.client["is_warmup"]]
             if len(measured):
                 ends = measured["end_time"].dropna()
-                end = float(ends.max()) if len(ends) else float(measured["send_time"].max())
-                return float(measured["send_time"].min()), end
+                if len(ends):
+                    return float(measured["send_time"].min()), float(ends.max())
+                # NOTE: no measured request finished (all in flight when the load stopped): the load's measured
+                # period, over which their tokens count by their progress
+                duration = float(self.load_config.get("duration_s") or 0.0)
+                start = float(self.client["send_time"].min()) + float(self.load_config.get("warmup_s") or 0.0)
+                if duration > 0:
+                    return start, start + duration
+                return float(measured["send_time"].min()), float(measured["send_time"].max())
         requests = self.frame("requests")
         if len(requests):
             ends = requests["finish_time"].dropna()
@@ -187,6 +194,7 @@ class RunDataset:
             return float(steps["start_time"].min()), float((steps["start_time"] + steps["total_s"]).max())
         return math.nan, math.nan
 
+    # NOTE: what only a client row holds: its retry, and the server's own timings from the stream.
     def _latencies(self) -> tuple[pd.DataFrame, str]:
         if self.client is not None and len(self.client):
             rows = self.client[~self.client["is_warmup"]]
@@ -196,6 +204,7 @@ class RunDataset:
                 "status_code": rows["status_code"], "error": rows["error"], "finish_reason": rows["finish_reason"],
                 "num_prompt_tokens": rows["num_prompt_tokens"], "num_output_tokens": rows["num_output_tokens"],
                 "ttft_s": rows["ttft_s"], "tpot_s": rows["tpot_s"], "e2e_s": rows["e2e_s"], "itl_s": rows["itl_s"],
+                **{name: rows[name] for name in CLIENT_ONLY_COLUMNS if name in rows},
             })
             return frame.reset_index(drop=True), "client"
         requests = self.frame("requests")
@@ -213,6 +222,9 @@ class RunDataset:
         return pd.DataFrame(columns=["request_id", "plan_index", "start_time", "end_time", "is_ok", "status_code",
                                      "error", "finish_reason", "num_prompt_tokens", "num_output_tokens", "ttft_s",
                                      "tpot_s", "e2e_s", "itl_s"]), "none"
+
+
+CLIENT_ONLY_COLUMNS = ("num_retries", "server_prompt_s", "server_decode_s", "server_decode_tokens")
 
 
 def load_points(path: str | os.PathLike[str]) -> list[RunDataset]:

@@ -89,6 +89,12 @@ class ClientMeasures:
     goodput: dict[str, Any] | None
     errors: dict[str, int] = dataclasses.field(default_factory=dict)  # the commonest failures, by message
     status_codes: dict[str, int] = dataclasses.field(default_factory=dict)  # of the failed requests
+    # Sent twice: the pooled connection closed before any answer (loadtests.client.stream_client); not failures.
+    num_retried: int = 0
+    # The server's own timings (llama.cpp's ``timings``), when its streams carry them: its decode time per
+    # token, and how long before the server began the prompt (TTFT less its prompt time: the wait for a slot).
+    server_tpot_s: dict[str, float] | None = None
+    wait_before_prompt_s: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -266,7 +272,18 @@ def client_measures(data: RunDataset, slo: dict[str, float] | None = None) -> Cl
         errors={str(k): int(v) for k, v in
                 failed["error"].fillna("").astype(str).value_counts().head(MAX_ERRORS_SHOWN).items()},
         status_codes={str(k): int(v) for k, v in failed["status_code"].fillna(0).astype(int).value_counts().items()},
+        num_retried=int((rows["num_retries"].fillna(0) > 0).sum()) if "num_retries" in rows else 0,
+        **_server_timings(ok),
     )
+
+
+def _server_timings(ok: pd.DataFrame) -> dict[str, dict[str, float] | None]:
+    """The server's own decode time per token and the time before its prompt began, over the successful rows."""
+    if "server_decode_s" not in ok or ok["server_decode_s"].isna().all():
+        return {}
+    per_token = ok["server_decode_s"] / ok["server_decode_tokens"].where(ok["server_decode_tokens"] > 0)
+    return {"server_tpot_s": distribution(per_token),
+            "wait_before_prompt_s": distribution((ok["ttft_s"] - ok["server_prompt_s"]).clip(lower=0.0))}
 
 
 def goodput(rows: pd.DataFrame, slo: dict[str, float], window_s: float) -> dict[str, Any]:

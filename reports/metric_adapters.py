@@ -45,6 +45,12 @@ class MetricAdapter:
     kv_tokens: tuple[str, str] | None = None
     preemptions: tuple[str, ...] = ()
     finished: tuple[str, ...] = ()
+    # (running mean of sequences per forward step since the server started, forward steps counter): the
+    # mean batch over a window is the change in their product over the change in steps (llama.cpp).
+    batch_per_step: tuple[str, str] | None = None
+    output_tokens: tuple[str, ...] = ()  # generated tokens, a counter
+    prompt_tokens: tuple[str, ...] = ()  # prompt tokens processed (cached ones excluded), a counter
+    max_sequence: tuple[str, ...] = ()  # the longest sequence (prompt + output) seen so far, in tokens
 
     def __post_init__(self) -> None:
         if not self.waiting:
@@ -57,9 +63,10 @@ class MetricAdapter:
         return self.first_present(self.waiting, present) is not None
 
     def num_present(self, present: Collection[str]) -> int:
-        kv = self.kv_tokens or ()
+        kv, batch = self.kv_tokens or (), self.batch_per_step or ()
         return sum(n in present for n in (*self.running, *self.waiting, *self.kv_usage, *kv, *self.preemptions,
-                                          *self.finished))
+                                          *self.finished, *batch, *self.output_tokens, *self.prompt_tokens,
+                                          *self.max_sequence))
 
 
 ADAPTERS: dict[str, MetricAdapter] = {}
@@ -118,14 +125,21 @@ TGI = register(MetricAdapter(
     finished=("tgi_request_success_total",),
 ))
 
-# tools/server/server.cpp (server-context.cpp in newer trees), the /metrics handler: requests in a
-# slot and requests deferred for want of one. kv_cache_usage_ratio (used cells / n_ctx) is only in
-# older builds. llama.cpp has no preemption and no finished-request counter.
+# tools/server/server-task.cpp (server_task_result_metrics::to_metrics; server.cpp in older trees):
+# requests in a slot and requests deferred for want of one (gauges of the moment); busy slots per
+# llama_decode() call averaged since the start, beside the decode-call counter; generated and prompt
+# token counters; n_tokens_max, the longest sequence so far (typed a counter, so parsed as
+# ``..._total``). kv_cache_usage_ratio (used cells / n_ctx) is only in older builds: current ones
+# export no KV gauge. llama.cpp has no preemption and no finished-request counter.
 LLAMACPP = register(MetricAdapter(
     name="llamacpp",
     running=("llamacpp:requests_processing",),
     waiting=("llamacpp:requests_deferred",),
     kv_usage=("llamacpp:kv_cache_usage_ratio",),
+    batch_per_step=("llamacpp:n_busy_slots_per_decode", "llamacpp:n_decode_total"),
+    output_tokens=("llamacpp:tokens_predicted_total",),
+    prompt_tokens=("llamacpp:prompt_tokens_total",),
+    max_sequence=("llamacpp:n_tokens_max_total", "llamacpp:n_tokens_max"),
 ))
 
 
@@ -142,6 +156,12 @@ class PrometheusMeasures:
     num_preemptions: int | None
     adapter: str = "vllm"  # the server family whose names were read (reports.metric_adapters)
     names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # signal -> the sample read
+    # Where the server counts them (llama.cpp): sequences per forward step over the window, generated and
+    # prompt tokens per second of the window by its own counters, and the longest sequence it has held.
+    mean_batch: float | None = None
+    output_tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    max_sequence_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,7 +229,35 @@ def prometheus_measures(data: RunDataset) -> PrometheusMeasures | None:
         kv_usage_peak=float(usage.max()) if usage is not None else None,
         num_preemptions=int(round(preempt.iloc[-1] - preempt.iloc[0])) if preempt is not None else None,
         adapter=adapter.name, names={signal: name for signal, (name, _) in read.items()},
+        **_server_counters(data, adapter),
     )
+
+
+def _server_counters(data: RunDataset, adapter: MetricAdapter) -> dict[str, float | None]:
+    """The adapter's step and token counters over the window (see PrometheusMeasures), each None when absent."""
+    present = set(data.frame("prometheus")["sample"].unique())
+    out: dict[str, float | None] = {}
+
+    def rate(names: tuple[str, ...]) -> float | None:
+        name = adapter.first_present(names, present)
+        series = prometheus_series(data, name) if name is not None else None
+        if series is None or len(series) < 2 or series.index[-1] <= series.index[0]:
+            return None
+        return float(series.iloc[-1] - series.iloc[0]) / float(series.index[-1] - series.index[0])
+
+    out["output_tokens_per_s"] = rate(adapter.output_tokens)
+    out["prompt_tokens_per_s"] = rate(adapter.prompt_tokens)
+    longest = adapter.first_present(adapter.max_sequence, present)
+    series = prometheus_series(data, longest) if longest is not None else None
+    out["max_sequence_tokens"] = float(series.max()) if series is not None else None
+    if adapter.batch_per_step is not None and all(n in present for n in adapter.batch_per_step):
+        per_step, steps = (prometheus_series(data, n) for n in adapter.batch_per_step)
+        if per_step is not None and steps is not None and len(steps) >= 2:
+            busy = (per_step * steps.reindex(per_step.index)).dropna()
+            num_steps = float(steps.iloc[-1] - steps.iloc[0])
+            out["mean_batch"] = float(busy.iloc[-1] - busy.iloc[0]) / num_steps if num_steps > 0 and len(busy) >= 2 \
+                else None
+    return out
 
 
 def finished_requests(data: RunDataset) -> int | None:

@@ -1,8 +1,9 @@
 """Real servers side by side: ``servescope serve``, ``transformers serve`` (with and without
-``--continuous-batching``) and llama-cpp-python's server on the same SmolLM2-135M GGUF, each loaded
-by the same ``servescope load --sweep users=...`` command, one server after the other.
+``--continuous-batching``), llama-cpp-python's server and llama.cpp's own ``llama-server`` on the same
+SmolLM2-135M GGUF, each loaded by the same ``servescope load --sweep users=...`` command, one server after
+the other.
 
-    flock /tmp/ss-cpu.lock python -m studies.servers OUT [--servers ours,tf,tf-cb,llama]
+    flock /tmp/ss-cpu.lock python -m studies.servers OUT [--servers ours,tf,tf-cb,llama,llama-server]
         [--users 1,4,8,16] [--duration 30] [--warmup 5] [--max-tokens 48]
         [--ours NAME='serve flags' ...]
 
@@ -11,7 +12,8 @@ and writes (``OUT/servers.json``): its version and command, the request fields s
 dropped for it, whether it serves ``/metrics``, output tok/s and TPOT p50 per point (from the run's
 ``summary.json``) and servescope's diagnosis of it (``diagnosis.json``); then ratios of the first
 ``ours*`` server to every other, point by point. The peers are not installed in the test venv: their
-environments default to ``/work/peers/tf`` and ``/work/peers/llama`` (``$PEERS_TF``, ``$PEERS_LLAMA``).
+environments default to ``/work/peers/tf`` and ``/work/peers/llama`` (``$PEERS_TF``, ``$PEERS_LLAMA``);
+llama-server is ``$SERVESCOPE_LLAMA_SERVER`` or the build ``python -m studies.llama_build`` caches.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ def servers(ours_variants: dict[str, str]) -> dict[str, Server]:
                          "--port", "{port}"],
                         None, [str(LLAMA_ENV / "bin" / "python"), "-c", "import llama_cpp; print(llama_cpp.__version__)"]),
     }
+    # NOTE: where studies/llama_build.py caches its build (this file runs as a script: it cannot import it).
+    llama_server = os.environ.get("SERVESCOPE_LLAMA_SERVER") or str(
+        Path.home() / ".cache" / "servescope" / "llama-server" / "11434.0.0" / "build" / "bin" / "llama-server")
+    known["llama-server"] = Server(
+        "llama-server", "llama.cpp llama-server (Q4_1, -t 2, -np 16)",
+        [llama_server, "-m", str(GGUF), "--metrics", "-a", "smollm2-135m", "-t", "2", "-np", "16", "--host", "127.0.0.1",
+         "--port", "{port}"],
+        None, [llama_server, "--version"])
     for name, flags in ours_variants.items():
         ours = known["ours"]
         known[name] = Server(name, f"servescope serve {flags}", [*ours.argv, *shlex.split(flags)], None,
@@ -158,7 +168,8 @@ def run_server(server: Server, args: argparse.Namespace, work: Path) -> dict[str
     url = f"http://127.0.0.1:{port}"
     log = work / f"{server.name}.server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **server.env}
-    version = subprocess.run(server.version_argv, capture_output=True, text=True, env=env, timeout=120).stdout.strip()
+    asked = subprocess.run(server.version_argv, capture_output=True, text=True, env=env, timeout=120)
+    version = asked.stdout.strip() or next(iter(asked.stderr.strip().splitlines()), "")  # llama-server: stderr
     command = server.command(port)
     print(f"== {server.name}: {shlex.join(command)}", flush=True)
     proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)  # noqa: SIM115

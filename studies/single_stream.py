@@ -10,6 +10,8 @@ Run it under the exclusive lock, e.g.::
         --engine "--dtype float32" --engine "--dtype bfloat16" --engine "--weights int8" --hf float32
 
 ``--profile DIR`` writes a torch-profiler table of a few engine decode steps per engine instead.
+``--bandwidth`` also measures this machine's copy bandwidth (``probes/peaks.py``) and prints each engine's
+weight bytes read per token over its TPOT as a share of it (the single-stream bandwidth use).
 """
 
 from __future__ import annotations
@@ -87,6 +89,27 @@ def _engine(flags: str, loaded_by_dtype: dict[str, LoadedModel]) -> LLMEngine:
     return LLMEngine(config, loaded_by_dtype[config.dtype])
 
 
+def weight_bytes_per_token(engine: LLMEngine) -> int | None:
+    """Bytes of projection weights a decode step reads (every layer's and the LM head's); None if unknown."""
+    from engine.model.kernel_projection import KernelQuantProjection
+    from engine.model.projection import DenseProjection
+
+    model = engine.runner.model
+    projections = [model.lm_head]
+    for layer in model.model.layers:
+        projections += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj]
+    total = 0
+    for proj in projections:
+        if isinstance(proj, KernelQuantProjection):
+            total += proj.packed.nbytes
+        elif isinstance(proj, DenseProjection):
+            total += proj.weight.numel() * proj.weight.element_size()
+        else:
+            return None
+    return total
+
+
 def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> None:
     """Per-op CPU time of 8 decode steps (after the prompt and 4 warm steps)."""
     from torch.profiler import ProfilerActivity, profile
@@ -115,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--profile", default=None, help="write a profiler table per engine to PROFILE.<i>.txt")
     p.add_argument("--json", default=None)
+    p.add_argument("--bandwidth", action="store_true", help="print each engine's single-stream bandwidth use")
     args = p.parse_args(argv)
     args.hf = args.hf or ["float32"]  # the ratio column's reference
     if args.threads:
@@ -158,10 +182,24 @@ def main(argv: list[str] | None = None) -> int:
         report[name] = {"tpot_s": timings[name].tpot_s, "tpot_p50_s": tpot, "ratio": tpot / ref_tpot,
                         "same_tokens_as_reference": same}
         print(f"{name:<48} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
+    copy_bw = None
+    if args.bandwidth:
+        from probes.peaks import measure_peaks
+
+        copy_bw = measure_peaks("cpu", "float32", dtypes=("float32",)).bandwidth_bytes_per_s
+        print(f"\ncopy bandwidth {copy_bw / 1e9:.1f} GB/s (probes/peaks.py, best of 5 copies of 128 MiB)")
+        for name, runner in runners.items():
+            nbytes = weight_bytes_per_token(runner) if isinstance(runner, LLMEngine) else None
+            if nbytes is None:
+                continue
+            rate = nbytes / report[name]["tpot_p50_s"]
+            report[name].update(weight_bytes=nbytes, weight_gb_s=rate / 1e9, of_copy_bandwidth=rate / copy_bw)
+            print(f"{name:<48} {nbytes / 1e6:6.1f} MB per token, {rate / 1e9:5.1f} GB/s = {rate / copy_bw:.0%} of copy")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"reference": reference, "max_tokens": args.max_tokens, "rounds": args.rounds,
-                       "threads": torch.get_num_threads(), "results": report}, f, indent=2)
+                       "threads": torch.get_num_threads(), "copy_bandwidth_bytes_per_s": copy_bw,
+                       "results": report}, f, indent=2)
     return 0
 
 

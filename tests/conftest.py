@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+# NOTE: the pytest plugin's own tests (tests/loadtests/pytest_plugin) run inner pytest sessions.
+pytest_plugins = ["pytester"]
+
 # NOTE: Triton decides compiled vs interpreted when a kernel is defined, so without a GPU the
 # interpreter must be switched on before any test module imports engine.kernels.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# NOTE: the test session keeps its step calibrations (probes.calibration_cache) in a directory of its own: never the
+# user's (measured by other code), and the servers of one session with the same settings calibrate once.
+if "SERVESCOPE_CALIBRATION_CACHE" not in os.environ:
+    os.environ["SERVESCOPE_CALIBRATION_CACHE"] = tempfile.mkdtemp(prefix="servescope-calibration-")
+    atexit.register(shutil.rmtree, os.environ["SERVESCOPE_CALIBRATION_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ FORBIDDEN = {
 # The folders of a package, from the ground up: a module in one imports nothing from a folder above it.
 FLOORS = {
     "reports": ("reports.capacity", "reports.levers", "reports.verdict", "reports.html", "reports.gate"),
-    "loadtests": ("loadtests.workloads", "loadtests.client", "loadtests.run", "loadtests.gate"),
+    "loadtests": ("loadtests.workloads", "loadtests.client", "loadtests.run", "loadtests.gate", "loadtests.pytest_plugin"),
 }
 TOP_FLOOR = "loadtests.cli"
 

@@ -2,8 +2,8 @@
 
 Why C and not torch: a decode step's attention over a paged cache, done with torch ops, gathers
 every sequence's blocks into a batch padded to its longest context and multiplies the padding too;
-at 15 sequences of mixed length on a 2-core CPU that was 81 ms of a 117 ms step (README, "Decode
-attention on CPU"). The kernel here reads each sequence's blocks in place, once. It is built with
+at 15 sequences of mixed length on a 2-core CPU that was 81 ms of a 117 ms step (docs/results.md,
+"The engine"). The kernel here reads each sequence's blocks in place, once. It is built with
 the machine's C compiler for the machine's own CPU (``-march=native``: the CPU differs between
 machines) and linked against the OpenMP runtime torch already loaded, so it runs on torch's threads.
 No compiler, or a failed build: :func:`cpu_kernels` says why and the engine keeps the torch path.
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,27 +25,29 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.cpu_kernels.build import build_library
+from engine.cpu_kernels.quant_pack import PackedWeight
 from engine.weights.fetch import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
-# NOTE: not -ffast-math: with -shared, GCC 12 links crtfastmath.o, which flushes denormals for the whole
-# process on load and would change every torch op's numerics. These flags only let reductions vectorize.
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
-          "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-freciprocal-math")
 _INT64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _ARGTYPES = [_PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, ctypes.c_float,
              ctypes.c_int]
+_INT = ctypes.c_int
+_QUANT_GEMM_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _INT, _INT64, _PTR, _INT, _INT]
+_QUANT_ACTS_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _PTR, _PTR]
 
 
 @dataclass(frozen=True, slots=True)
 class CpuKernels:
-    """The loaded library: one decode-attention entry per storage dtype."""
+    """The loaded library: one decode-attention entry per storage dtype, and the quantized GEMM."""
 
     path: Path
     entries: dict[torch.dtype, Any]  # storage dtype -> the library's paged_decode_* function
+    library: Any  # the ctypes.CDLL
+    isa: str  # the instructions the quantized GEMM was built with: "avx512-vnni", "avx2" or "scalar"
 
     def paged_decode(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -85,40 +85,41 @@ class CpuKernels:
         return self.paged_decode(query.contiguous(), k_cache, v_cache, meta.decode_block_tables,
                                  meta.decode_seq_lens, scale)
 
+    def quant_gemm(self, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [M, K] @ weight.T`` (float32 or bfloat16, the output in x's dtype) over the packed codes."""
+        if x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or x.dim() != 2:
+            raise TypeError(f"quant_gemm takes a 2-D float32 or bfloat16 CPU tensor, got {x.dtype} {tuple(x.shape)} "
+                            f"on {x.device}")
+        if x.shape[1] != weight.num_cols:
+            raise ValueError(f"quant_gemm: x has {x.shape[1]} columns, the weight {weight.num_cols}")
+        x = x.contiguous()
+        if out is None:
+            out = x.new_empty((x.shape[0], weight.num_rows))
+        elif out.dtype != x.dtype or tuple(out.shape) != (x.shape[0], weight.num_rows) or not out.is_contiguous():
+            raise ValueError(f"quant_gemm: out must be contiguous {x.dtype} {(x.shape[0], weight.num_rows)}")
+        is_bf16 = int(x.dtype == torch.bfloat16)
+        rc = self.library.quant_gemm(x.data_ptr(), is_bf16, x.shape[0], x.shape[1], weight.data.data_ptr(),
+                                     weight.bits, weight.num_rows, out.data_ptr(), is_bf16, torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("quant_gemm could not allocate its activation scratch") if rc == -1 else \
+                ValueError(f"quant_gemm refused its arguments (code {rc})")
+        return out
 
-def _machine_key() -> str:
-    """What the built code depends on besides its source: the compiler and this CPU's features."""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        cpu = platform.processor()
-    return f"{platform.machine()}|{cpu}"
+    def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The kernel's own int16 activations of ``x [M, K]``: ``(codes, steps, sums of x)`` per group of 32."""
+        x = x.contiguous()
+        num_rows, num_cols = x.shape
+        codes = torch.empty((num_rows, num_cols), dtype=torch.int16)
+        steps, sums = (torch.empty((num_rows, num_cols // 32)) for _ in range(2))
+        rc = self.library.quant_activations(x.data_ptr(), int(x.dtype == torch.bfloat16), num_rows, num_cols,
+                                            codes.data_ptr(), steps.data_ptr(), sums.data_ptr())
+        if rc != 0:
+            raise ValueError(f"quant_activations refused its arguments (code {rc})")
+        return codes, steps, sums
 
 
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(compiler: str, out_dir: Path) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(CFLAGS), version, _machine_key()]).encode())
-    target = out_dir / f"paged_decode-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        result = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-800:]}")
-        os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 @functools.cache
@@ -130,12 +131,22 @@ def cpu_kernels() -> tuple[CpuKernels | None, str]:
     if compiler is None:
         return None, "no C compiler (cc or gcc, or $CC) on PATH"
     try:
-        path = _build(compiler, default_cache_dir() / "kernels")
-        library = ctypes.CDLL(str(path))
+        path = build_library(compiler, default_cache_dir() / "kernels")
+        return load_library(path), f"built with {compiler} for this CPU: {path}"
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"building the CPU kernels failed: {exc}"
+
+
+def load_library(path: Path) -> CpuKernels:
+    """The kernels of a built library (``build_library``)."""
+    library = ctypes.CDLL(str(path))
     entries = {torch.float32: library.paged_decode_f32, torch.bfloat16: library.paged_decode_bf16}
     for fn in entries.values():
         fn.argtypes = _ARGTYPES
         fn.restype = ctypes.c_int
-    return CpuKernels(path, entries), f"built with {compiler} for this CPU: {path}"
+    library.quant_gemm.argtypes = _QUANT_GEMM_ARGTYPES
+    library.quant_gemm.restype = ctypes.c_int
+    library.quant_activations.argtypes = _QUANT_ACTS_ARGTYPES
+    library.quant_activations.restype = ctypes.c_int
+    library.quant_gemv_isa.restype = ctypes.c_char_p
+    return CpuKernels(path, entries, library, library.quant_gemv_isa().decode())

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define CHUNK_BLOCKS 4
 
 static inline float bf16_load(uint16_t x) {
@@ -42,26 +44,35 @@ static inline float f32_store(float x) { return x; }
 static inline float f32_round(float x) { return x; }
 static inline float bf16_round(float x) { return bf16_load(bf16_store(x)); }
 
+/* How much scratch a batch needs: the longest context and the number of (sequence, chunk) work items. */
+void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *max_len, int64_t *num_items) {
+    const int64_t chunk = CHUNK_BLOCKS * bs;
+    *max_len = 0;
+    *num_items = 0;
+    for (int64_t b = 0; b < B; b++) {
+        *max_len = seq_lens[b] > *max_len ? seq_lens[b] : *max_len;
+        *num_items += (seq_lens[b] + chunk - 1) / chunk;
+    }
+}
+
+/* paged_decode_team_*: the four passes, for a thread team already running (orphaned omp for: every thread
+ * of the enclosing parallel region calls it). Scratch from the caller: items [2 * num_items] int64,
+ * scores [B * H * max_len] and partial [B * max_chunks * H * D] float32 (see paged_decode_plan).
+ * paged_decode_*: the same on its own team, with its own scratch. */
 #define DEFINE_KERNEL(SUFFIX, T, LOAD, STORE, ROUND)                                                        \
-int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t table_stride, \
-                          const int64_t *seq_lens, T *out, int64_t B, int64_t H, int64_t KVH, int64_t D,    \
-                          int64_t bs, float scale, int num_threads) {                                      \
+void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables,               \
+                                int64_t table_stride, const int64_t *seq_lens, T *out, int64_t B, int64_t H, \
+                                int64_t KVH, int64_t D, int64_t bs, float scale, int64_t *items,           \
+                                int64_t num_items, float *scores, int64_t max_len, float *partial) {         \
     const int64_t G = H / KVH, row = KVH * D, block_stride = bs * KVH * D, chunk = CHUNK_BLOCKS * bs;      \
-    int64_t max_len = 0, num_items = 0;                                                                    \
-    for (int64_t b = 0; b < B; b++) {                                                                      \
-        max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;                                           \
-        num_items += (seq_lens[b] + chunk - 1) / chunk;                                                    \
-    }                                                                                                      \
     const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
     /* item i is (sequence items[2i], chunk items[2i + 1]): that sequence's tokens [chunk * c, chunk * (c + 1)) */ \
-    int64_t *items = malloc(sizeof(int64_t) * (size_t)(2 * num_items));                                    \
-    float *scores = malloc(sizeof(float) * (size_t)(B * H * max_len));                                    \
-    float *partial = malloc(sizeof(float) * (size_t)(B * max_chunks * H * D));                             \
-    if (!items || !scores || !partial) { free(items); free(scores); free(partial); return -1; }            \
-    int64_t n = 0;                                                                                         \
-    for (int64_t b = 0; b < B; b++)                                                                        \
-        for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; }  \
-    _Pragma("omp parallel num_threads(num_threads)")                                                       \
+    _Pragma("omp single")                                                                                  \
+    {                                                                                                      \
+        int64_t n = 0;                                                                                     \
+        for (int64_t b = 0; b < B; b++)                                                                    \
+            for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; } \
+    }                                                                                                      \
     {                                                                                                      \
         float qf[H * D];                                                                                   \
         _Pragma("omp for schedule(dynamic, 1)")                                                            \
@@ -116,6 +127,21 @@ int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *t
             }                                                                                              \
         }                                                                                                  \
     }                                                                                                      \
+}                                                                                                          \
+                                                                                                           \
+int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t table_stride, \
+                          const int64_t *seq_lens, T *out, int64_t B, int64_t H, int64_t KVH, int64_t D,    \
+                          int64_t bs, float scale, int num_threads) {                                      \
+    int64_t max_len, num_items;                                                                            \
+    paged_decode_plan(seq_lens, B, bs, &max_len, &num_items);                                              \
+    const int64_t chunk = CHUNK_BLOCKS * bs, max_chunks = (max_len + chunk - 1) / chunk;                   \
+    int64_t *items = malloc(sizeof(int64_t) * (size_t)(2 * num_items));                                    \
+    float *scores = malloc(sizeof(float) * (size_t)(B * H * max_len));                                    \
+    float *partial = malloc(sizeof(float) * (size_t)(B * max_chunks * H * D));                             \
+    if (!items || !scores || !partial) { free(items); free(scores); free(partial); return -1; }            \
+    _Pragma("omp parallel num_threads(num_threads)")                                                       \
+    paged_decode_team_##SUFFIX(q, kc, vc, tables, table_stride, seq_lens, out, B, H, KVH, D, bs, scale,   \
+                               items, num_items, scores, max_len, partial);                                \
     free(items);                                                                                           \
     free(scores);                                                                                          \
     free(partial);                                                                                         \

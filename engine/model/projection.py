@@ -13,8 +13,8 @@ tensor it came from can be freed.
 
 NOTE: a packed weight must give what ``F.linear`` gives: bit-identical in bfloat16, within 1e-4
 in float32 (a different summation order). Each weight is checked once at load against
-``F.linear`` (``_PROBE_TOLERANCE``) and left dense if it differs. README ("Optimized execution on
-CPU") has the measured speed-ups per shape and row count.
+``F.linear`` (``_PROBE_TOLERANCE``) and left dense if it differs. docs/results.md ("The
+engine") has the measured speed-ups per shape and row count.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Weight-only quantized forms of a GEMM weight: int4 groups (as GGUF's Q4_1 stores them) and int8 rows.
+"""Weight-only quantized forms of a GEMM weight: int4 and int8 groups (as GGUF's Q4_1 and Q8_0 store them)
+and int8 rows.
 
 ``Int4Groups`` is a ``[N, K]`` weight as 4-bit codes in groups of 32 along K, each group with its
-own scale and minimum: ``w = scale * code + min``, the Q4_1 layout. A Q4_1 GGUF tensor gives these
-exactly (``engine.weights.gguf_quant``); any other weight is quantized to them by each group's
-min and max. ``int8_rows`` requantizes a dense weight to one symmetric int8 scale per output row.
+own scale and minimum: ``w = scale * code + min``, the Q4_1 layout. ``Int8Groups`` is the Q8_0 layout:
+signed 8-bit codes and one scale per group of 32, ``w = scale * code``. A GGUF tensor of either type
+gives these exactly (``engine.weights.gguf_quant``); any other weight is quantized to them by each
+group's range. ``int8_rows`` requantizes a dense weight to one symmetric int8 scale per output row.
 """
 
 from __future__ import annotations
@@ -61,6 +63,42 @@ class Int4Groups:
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         codes = ((grouped - low.unsqueeze(-1)) / safe.unsqueeze(-1)).round().clamp_(0, 15)
         return Int4Groups(codes.to(torch.uint8).view(num_rows, num_cols), scales, low)
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Groups:
+    """``w[n, k] = scales[n, k // 32] * codes[n, k]``; codes in -127..127 (Q8_0)."""
+
+    codes: torch.Tensor  # [N, K] int8
+    scales: torch.Tensor  # [N, K / 32] float32
+
+    def __post_init__(self) -> None:
+        num_rows, num_cols = self.codes.shape
+        if num_cols % INT4_GROUP_SIZE or tuple(self.scales.shape) != (num_rows, num_cols // INT4_GROUP_SIZE):
+            raise ValueError(f"int8 groups of {INT4_GROUP_SIZE} do not fit codes {tuple(self.codes.shape)}, "
+                             f"scales {tuple(self.scales.shape)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 ``[N, K]`` weight these codes stand for."""
+        num_rows, num_cols = self.codes.shape
+        grouped = self.codes.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        return (grouped * self.scales.unsqueeze(-1)).view(num_rows, num_cols)
+
+    @staticmethod
+    def from_float(weight: torch.Tensor) -> Int8Groups:
+        """Quantize symmetrically by each group's largest magnitude (Q8_0's rule, float16 scales)."""
+        num_rows, num_cols = weight.shape
+        if num_cols % INT4_GROUP_SIZE:
+            raise ValueError(f"int8 groups need the input size to be a multiple of {INT4_GROUP_SIZE}, got {num_cols}")
+        grouped = weight.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        scales = (grouped.abs().amax(-1) / 127).half().float()
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        codes = (grouped / safe.unsqueeze(-1)).round().clamp_(-127, 127)
+        return Int8Groups(codes.to(torch.int8).view(num_rows, num_cols), scales)
 
 
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

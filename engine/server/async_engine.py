@@ -189,9 +189,14 @@ class AsyncEngine:
         if not self._has_work:
             return True
         steps_before = self._snapshot.num_steps
-        self._step()
+        deliveries = self._step()
         with self._cond:
             self._publish()
+        # NOTE: outputs go out only after the snapshot counts the step, so a client that sees its first
+        # token also sees its request running in stats() (and a request sent then is not refused as
+        # if the first still waited).
+        self._deliver(deliveries)
+        with self._cond:
             if self._has_work and self._snapshot.num_steps == steps_before and not self._inbox:
                 self._cond.wait(STALL_WAIT_S)
         return True
@@ -213,7 +218,8 @@ class AsyncEngine:
         self._streams[command.request_id] = _Tracked(command.stream, timer)
         return command.admitted, None
 
-    def _step(self) -> None:
+    def _step(self) -> list[tuple[RequestStream, StreamItem]]:
+        """One engine step; returns what each stream gets from it (delivered once the snapshot is published)."""
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -221,7 +227,7 @@ class AsyncEngine:
             # request in flight is aborted (freeing its blocks) and failed; new requests still run.
             logger.exception("engine step failed; failing %d in-flight requests", len(self._streams))
             self._fail_all(RequestFailedError(f"the engine failed while running this request: {exc!r}"))
-            return
+            return []
         now = time.monotonic()
         deliveries: list[tuple[RequestStream, StreamItem]] = []
         for output in outputs:
@@ -236,7 +242,7 @@ class AsyncEngine:
                 deliveries.append((tracked.stream, output))
             if output.finished:
                 del self._streams[output.request_id]
-        self._deliver(deliveries)
+        return deliveries
 
     def _publish(self) -> None:
         self._snapshot = self.engine.stats()

@@ -12,7 +12,7 @@ from engine.model.config import LlamaConfig
 from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from engine.weights.gguf_quant import Q4_1Tensor
+    from engine.weights.gguf_quant import Q4_1Tensor, Q8_0Tensor
 
 DEFAULT_MODEL = "smollm2-135m"
 DUMMY_PREFIX = "dummy:"
@@ -34,6 +34,8 @@ class LoadedModel:
     source: str
     # GGUF Q4_1 tensors as stored, by HF name: the int4 path reads their codes instead of requantizing.
     int4_weights: dict[str, Q4_1Tensor] = field(default_factory=dict)
+    # GGUF Q8_0 tensors as stored (SmolLM2's tied embedding and LM head): the int4 path's head reads them.
+    int8_weights: dict[str, Q8_0Tensor] = field(default_factory=dict)
 
 
 def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
@@ -44,8 +46,9 @@ def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, se
         from engine.weights.gguf_loader import load_gguf
 
         path = fetch_smollm2()
-        config, state_dict, tokenizer, q4_1 = load_gguf(path, dtype)
-        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1)
+        config, state_dict, tokenizer, q4_1, q8_0 = load_gguf(path, dtype)
+        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1,
+                           int8_weights=q8_0)
     if name.startswith(DUMMY_PREFIX):
         from engine.weights.dummy import load_dummy
 
@@ -55,8 +58,9 @@ def load_model(name: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, se
     if path.is_file() and path.suffix == ".gguf":
         from engine.weights.gguf_loader import load_gguf
 
-        config, state_dict, tokenizer, q4_1 = load_gguf(path, dtype)
-        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1)
+        config, state_dict, tokenizer, q4_1, q8_0 = load_gguf(path, dtype)
+        return LoadedModel(config, state_dict, tokenizer, name=name, source=str(path), int4_weights=q4_1,
+                           int8_weights=q8_0)
     if path.is_dir() and (path / "config.json").is_file():
         from engine.weights.hf_dir import load_hf_dir
 

@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 
 from engine.model.config import LlamaConfig
 from engine.tokenizer import GGUF_EOS_KEYS, Tokenizer
-from engine.weights.gguf_quant import Q4_1Tensor
+from engine.weights.gguf_quant import Q4_1Tensor, Q8_0Tensor
 from engine.weights.layout import check_state_dict
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.").
@@ -37,13 +37,14 @@ _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _SUPPORTED_ARCHITECTURES = ("llama",)
 
 
-def load_gguf(path: Path, dtype: torch.dtype
-              ) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer, dict[str, Q4_1Tensor]]:
-    """Config, HF-named state dict (in ``dtype``), tokenizer and Q4_1 tensors of a Llama GGUF file.
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer,
+                                                       dict[str, Q4_1Tensor], dict[str, Q8_0Tensor]]:
+    """Config, HF-named state dict (in ``dtype``), tokenizer, Q4_1 and Q8_0 tensors of a Llama GGUF file.
 
     Quantized tensors (Q4_1, Q8_0, ...) are dequantized with ``gguf.quants``; q/k projections are
     un-permuted from llama.cpp's interleaved rotary layout back to HF's rotate-half layout. The
-    Q4_1 ones are also returned as stored (by HF name), for the int4 path to use their own codes.
+    Q4_1 and (unpermuted) Q8_0 ones are also returned as stored (by HF name), for the quantized
+    paths to use their own codes.
     """
     reader = _open(path)
     metadata = _metadata(reader)
@@ -55,6 +56,7 @@ def load_gguf(path: Path, dtype: torch.dtype
 
     state_dict: dict[str, torch.Tensor] = {}
     q4_1: dict[str, Q4_1Tensor] = {}
+    q8_0: dict[str, Q8_0Tensor] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         # NOTE: GGUF lists dimensions fastest-first (ne0 = columns), the reverse of torch's order.
@@ -76,9 +78,11 @@ def load_gguf(path: Path, dtype: torch.dtype
             order = None if rotary_heads is None else \
                 unpermute_rotary_rows(torch.arange(shape[0]).unsqueeze(1), rotary_heads).squeeze(1)
             q4_1[name] = Q4_1Tensor(np.asarray(tensor.data), (shape[0], shape[1]), order)
+        elif tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0 and len(shape) == 2 and rotary_heads is None:
+            q8_0[name] = Q8_0Tensor(np.asarray(tensor.data), (shape[0], shape[1]))
 
     check_state_dict(config, state_dict, str(path))
-    return config, state_dict, tokenizer, q4_1
+    return config, state_dict, tokenizer, q4_1, q8_0
 
 
 def load_gguf_tokenizer(path: Path) -> Tokenizer:

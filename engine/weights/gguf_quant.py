@@ -1,8 +1,9 @@
-"""The 4-bit codes of a GGUF Q4_1 tensor, read as stored (no dequantize-requantize round trip).
+"""The codes of GGUF Q4_1 and Q8_0 tensors, read as stored (no dequantize-requantize round trip).
 
 A Q4_1 block holds 32 consecutive values of a row: ``d`` (float16), ``m`` (float16) and 16 bytes
 of codes, value ``j`` in the low nibble of byte ``j`` and value ``j + 16`` in its high nibble;
-``w = d * code + m``. That is :class:`~engine.model.quant.Int4Groups` exactly.
+``w = d * code + m``. That is :class:`~engine.model.quant.Int4Groups` exactly. A Q8_0 block holds
+``d`` (float16) and 32 signed bytes, ``w = d * code``: :class:`~engine.model.quant.Int8Groups`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.model.quant import INT4_GROUP_SIZE, Int4Groups
+from engine.model.quant import INT4_GROUP_SIZE, Int4Groups, Int8Groups
 
 _Q4_1_BLOCK_BYTES = 20
+_Q8_0_BLOCK_BYTES = 34
 
 
 def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
@@ -31,6 +33,31 @@ def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
     packed = blocks[:, 4:]
     codes = np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(num_rows, num_cols)
     return Int4Groups(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(mins))
+
+
+def q8_0_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int8Groups:
+    """``Int8Groups`` of a Q8_0 tensor's raw bytes, for a ``[rows, cols]`` (torch order) weight."""
+    num_rows, num_cols = shape
+    if num_cols % INT4_GROUP_SIZE:
+        raise ValueError(f"a Q8_0 row of {num_cols} values is not a whole number of {INT4_GROUP_SIZE}-value blocks")
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, _Q8_0_BLOCK_BYTES)
+    if blocks.shape[0] != num_rows * num_cols // INT4_GROUP_SIZE:
+        raise ValueError(f"Q8_0 data holds {blocks.shape[0]} blocks, shape {shape} needs "
+                         f"{num_rows * num_cols // INT4_GROUP_SIZE}")
+    scales = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+    codes = blocks[:, 2:].copy().view(np.int8).reshape(num_rows, num_cols)
+    return Int8Groups(torch.from_numpy(codes), torch.from_numpy(scales))
+
+
+@dataclass(frozen=True, slots=True)
+class Q8_0Tensor:
+    """A Q8_0 weight of the file (SmolLM2's token embedding, also its LM head), decoded on request."""
+
+    raw: np.ndarray
+    shape: tuple[int, int]
+
+    def groups(self) -> Int8Groups:
+        return q8_0_groups(self.raw, self.shape)
 
 
 @dataclass(frozen=True, slots=True)

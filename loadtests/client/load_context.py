@@ -7,6 +7,7 @@ holds the plan, this worker's share of it, the journal and the clock. Stdlib and
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -18,6 +19,7 @@ from typing import Any
 from loadtests.client.point_control import PointControl
 from loadtests.client.records import ClientRecord, Clock, Journal
 from loadtests.client.sse import StreamTimer
+from loadtests.client.stream_client import StreamClient, StreamResponse
 from loadtests.config import CONTROL_SLACK_S
 from loadtests.plan import PlannedRequest
 from loadtests.workloads.arrival import OpenLoopArrivals
@@ -32,6 +34,8 @@ OUTPUT_TOKENS_ROW = "output tokens/s"
 # Requests sent during the warm-up are reported under their own names, so Locust's rows for the
 # endpoint and for TTFT/ITL/TPOT hold measured requests only.
 WARMUP_SUFFIX = " [warm-up]"
+# A request sent again because its pooled connection closed before any answer (loadtests.client.stream_client).
+RETRY_REQUEST_TYPE, RETRY_ROW = "RETRY", "pooled connection closed before any answer: sent again"
 
 RequestEvent = Callable[..., Any]  # Locust's events.request.fire
 # After a failed request the user waits before its next one, doubling per failure in a row (a dead or
@@ -226,7 +230,7 @@ def request_body(model: str, api: str, prompt: str | list[int], max_tokens: int,
     return body
 
 
-def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
+def send_request(client: StreamClient, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
                  planned: tuple[int, PlannedRequest] | None = None,
                  messages: list[dict[str, str]] | None = None, output_share: float | None = None) -> str | None:
     """Send the next planned request (or ``planned``: ``(seq, item)``), stream it, journal its row, and
@@ -234,8 +238,9 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
     and the request succeeded, else None. ``output_share``: ask for that share of the item's output
     tokens only (a closed-loop user's first request of a controlled point, :meth:`LoadContext.first_share`).
 
-    ``client`` is the user's ``HttpSession``. The HTTP row's time is the whole exchange (send to
-    finish chunk), not Locust's default of send to headers.
+    The HTTP row's time is the whole exchange (send to finish chunk). A request the client sent
+    again because its pooled connection closed before any answer (loadtests.client.stream_client) is
+    reported once more, as a ``RETRY`` row of its own, and its client row says so.
     """
     seq, item = planned if planned is not None else ctx.next_item()
     if output_share is not None:
@@ -252,33 +257,31 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
     suffix = WARMUP_SUFFIX if record.is_warmup else ""
     text: str | None = None
     is_cut_short = False
+    body = json.dumps(ctx.body(item, messages)).encode()
     try:
-        with client.post(ctx.path, json=ctx.body(item, messages), headers=ctx.headers(), stream=True,
-                         catch_response=True, name=ctx.path + suffix, timeout=(10.0, ctx.read_timeout_s)) as response:
-            record.first_byte_time = ctx.clock.now()
-            try:
+        try:
+            with client.post_stream(ctx.path, body, ctx.headers(), ctx.read_timeout_s) as response:
+                record.first_byte_time = ctx.clock.now()
+                if response.retry_error is not None:
+                    record.num_retries, record.retry_error = 1, response.retry_error
                 text = _read_response(response, ctx, record, keep_text=messages is not None)
-            except Exception as exc:  # noqa: BLE001 - a broken stream is this request's failure, not the user's
+        except Exception as exc:  # noqa: BLE001 - no answer, or a broken stream: this request's failure, not the user's
+            if record.error is None:
                 record.error = f"{type(exc).__name__}: {exc}"
-            response.request_meta["response_time"] = ((record.end_time or ctx.clock.now()) - send) * 1000
-            response.request_meta["response_length"] = record.num_output_tokens or 0
-            if record.is_ok:
-                response.success()
-            else:
-                response.failure(record.error or f"HTTP {record.status_code}")
     except BaseException as exc:
         # NOTE: GreenletExit when the run's stop timeout kills the user mid-request: journaled as a
         # failure when the run ends itself; a plain run's users end only when Locust stops them, and
         # the request Locust cut short is left out, as Locust leaves it out of its own stats.
-        is_cut_short = not isinstance(exc, Exception) and not ctx.ends_itself
+        is_cut_short = not ctx.ends_itself
         if record.error is None:
-            record.error = f"cancelled: {type(exc).__name__}" if not isinstance(exc, Exception) else str(exc)
+            record.error = f"cancelled: {type(exc).__name__}"
         raise
     finally:
         if is_cut_short:
             ctx.num_started -= 1  # NOTE: num_started counts journaled requests and those in flight only
         else:
             ctx.journal.write(record)
+    report_http_row(fire, ctx.path + suffix, record, ctx.clock.now())
     wait_s = ctx.backoff_s(record.is_ok)
     if record.is_ok:
         report_token_rows(fire, record, suffix)
@@ -288,19 +291,18 @@ def send_request(client: Any, ctx: LoadContext, fire: RequestEvent, scheduled_ti
     return None
 
 
-def _read_response(response: Any, ctx: LoadContext, record: ClientRecord, keep_text: bool = False) -> str | None:
+def _read_response(response: StreamResponse, ctx: LoadContext, record: ClientRecord,
+                   keep_text: bool = False) -> str | None:
     """Fill ``record`` from the response; the streamed text when ``keep_text``."""
-    record.status_code = int(response.status_code or 0)
+    record.status_code = response.status_code
     if record.status_code != 200:
-        error = getattr(response, "error", None)
-        text = response.text if record.status_code else ""
-        record.error = f"HTTP {record.status_code}: {(text or str(error or ''))[:300]}"
+        record.error = f"HTTP {record.status_code}: {response.text()[:300]}"
         return None
     timer = StreamTimer(ctx.api, keep_text)
     num_chunks = 0
     try:
         for raw in response.iter_lines():
-            timer.feed(raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw, ctx.clock.now())
+            timer.feed(raw.decode("utf-8", errors="replace"), ctx.clock.now())
             if len(timer.timing.token_times) > num_chunks:
                 if num_chunks == 0:
                     ctx.num_decoding += 1
@@ -319,8 +321,25 @@ def _read_response(response: Any, ctx: LoadContext, record: ClientRecord, keep_t
     record.num_output_tokens = timing.num_output_tokens
     record.num_cached_tokens = timing.num_cached_tokens
     record.has_usage = timing.has_usage
+    record.server_prompt_s = timing.server_prompt_s
+    record.server_decode_s = timing.server_decode_s
+    record.server_decode_tokens = timing.server_decode_tokens
     record.error = timing.error
     return timing.text if keep_text else None
+
+
+def report_http_row(fire: RequestEvent, name: str, record: ClientRecord, now: float) -> None:
+    """The request's Locust row (its time: send to finish chunk), and a ``RETRY`` row when it was sent twice."""
+    if record.num_retries:
+        fire(request_type=RETRY_REQUEST_TYPE, name=RETRY_ROW, response_time=0.0, response_length=0, exception=None,
+             context={})
+    fire(request_type="POST", name=name, response_time=((record.end_time or now) - record.send_time) * 1000,
+         response_length=record.num_output_tokens or 0,
+         exception=None if record.is_ok else RequestFailed(record.error or f"HTTP {record.status_code}"), context={})
+
+
+class RequestFailed(Exception):
+    """A failed request as Locust's failure table shows it: its error text."""
 
 
 def _sessions(plan: list[PlannedRequest]) -> list[list[int]]:

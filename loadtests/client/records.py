@@ -63,6 +63,14 @@ class ClientRecord:
     has_usage: bool = False
     planned_prompt_tokens: int = 0
     max_tokens: int = 0
+    # NOTE: a request whose pooled connection the server closed before any answer is sent again, once, on a
+    # fresh connection (loadtests.client.stream_client); the row is the second attempt's, and says so here.
+    num_retries: int = 0
+    retry_error: str | None = None  # what the first attempt met
+    # The server's own account of the request, when its stream carries one (llama.cpp's ``timings``).
+    server_prompt_s: float | None = None  # prompt processing
+    server_decode_s: float | None = None  # generating the output tokens
+    server_decode_tokens: int | None = None  # the tokens that time covers
 
     @property
     def is_ok(self) -> bool:

@@ -6,7 +6,9 @@ What counts (and the tests hold these):
 - the end is the chunk that carries ``finish_reason`` (else the last content chunk): the usage
   chunk and ``[DONE]`` that follow it never move it;
 - token counts come from the usage chunk when the server sends one (``stream_options``), else
-  the number of content chunks stands in and ``has_usage`` is False.
+  the number of content chunks stands in and ``has_usage`` is False;
+- a server's own ``timings`` object (llama.cpp's, in its last chunk: ``prompt_ms``, ``predicted_ms``,
+  ``predicted_n``) is kept as the server's account of the request.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class StreamTiming:
     num_cached_tokens: int | None = None
     is_done: bool = False  # saw [DONE]
     error: str | None = None
+    server_prompt_s: float | None = None  # the server's timings, when it sends them
+    server_decode_s: float | None = None
+    server_decode_tokens: int | None = None
     text: str = ""  # the content, kept only when asked (a chat session sends it back as history)
 
     @property
@@ -85,6 +90,9 @@ class StreamTimer:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self._read_usage(usage)
+        timings = event.get("timings")
+        if isinstance(timings, dict):
+            self._read_timings(timings)
         for choice in event.get("choices") or []:
             content = self._content(choice)
             if content:
@@ -128,6 +136,16 @@ class StreamTimer:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             timing.num_cached_tokens = details["cached_tokens"]
+
+    def _read_timings(self, timings: dict[str, Any]) -> None:
+        timing = self.timing
+        prompt_ms, predicted_ms, predicted_n = (timings.get(k) for k in ("prompt_ms", "predicted_ms", "predicted_n"))
+        if isinstance(prompt_ms, int | float):
+            timing.server_prompt_s = float(prompt_ms) / 1000.0
+        if isinstance(predicted_ms, int | float):
+            timing.server_decode_s = float(predicted_ms) / 1000.0
+        if isinstance(predicted_n, int):
+            timing.server_decode_tokens = predicted_n
 
     def _fail(self, message: str) -> None:
         if self.timing.error is None:

@@ -10,7 +10,9 @@ history (the user's messages and the server's own replies so far).
 
 Every user reads the run from the worker's :class:`~loadtests.client.load_context.LoadContext` (built at
 ``test_start``), stops sending at its deadline, and, the worker's last one, calls the context's
-``on_load_ended`` (how a run ends itself is the locustfile's business).
+``on_load_ended`` (how a run ends itself is the locustfile's business). Each sends through its own
+:class:`~loadtests.client.stream_client.StreamClient` (``self.client``), which reports to Locust through
+:func:`~loadtests.client.load_context.send_request`.
 """
 
 from __future__ import annotations
@@ -20,18 +22,16 @@ from typing import Any
 
 import gevent
 import gevent.pool
-from locust import HttpUser, constant, task
+from locust import User, constant, task
 from locust.env import Environment
-from locust.exception import StopUser
-from urllib3 import PoolManager
+from locust.exception import StopTest, StopUser
 
 from loadtests.client.load_context import LoadContext, send_request
+from loadtests.client.stream_client import StreamClient
 from loadtests.workloads.arrival import worker_rng
 
 logger = logging.getLogger(__name__)
 
-# Connections an open-loop worker may hold at once (requests in flight beyond it get new ones).
-MAX_OPEN_LOOP_CONNECTIONS = 1024
 CONTEXT_ATTRIBUTE = "servescope_load"
 # How far ahead of its time a trace request's greenlet is created (it then sleeps to the time).
 TRACE_LOOKAHEAD_S = 0.5
@@ -52,7 +52,22 @@ def _user_done(environment: Environment) -> None:
     context.on_load_ended()
 
 
-class ClosedLoopUser(HttpUser):
+class StreamingUser(User):
+    """A user with its own connections to the target (``--host``)."""
+
+    abstract = True
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        if not self.host:
+            raise StopTest("no target: pass --host (the server's URL)")
+        self.client = StreamClient(self.host)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+
+class ClosedLoopUser(StreamingUser):
     """What every closed-loop user shares: no wait between requests, counted in and out of the run."""
 
     abstract = True
@@ -62,6 +77,7 @@ class ClosedLoopUser(HttpUser):
         load_context(self.environment).user_started()
 
     def on_stop(self) -> None:
+        super().on_stop()
         _user_done(self.environment)
 
 
@@ -100,14 +116,12 @@ class ChatSessionUser(ClosedLoopUser):
             messages.append({"role": "assistant", "content": reply})
 
 
-class OpenLoopUser(HttpUser):
+class OpenLoopUser(StreamingUser):
     """Open loop: one per worker; each arrival of the seeded schedule goes out on its own greenlet."""
 
     wait_time = constant(0)
 
     def __init__(self, environment: Environment) -> None:
-        # NOTE: before HttpUser.__init__, which hands it to the session: many requests in flight at once.
-        self.pool_manager = PoolManager(maxsize=MAX_OPEN_LOOP_CONNECTIONS, block=False)
         super().__init__(environment)
         self._in_flight = gevent.pool.Group()
         self._next_arrival: float | None = None
@@ -146,16 +160,16 @@ class OpenLoopUser(HttpUser):
     def on_stop(self) -> None:
         context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)
         self._in_flight.join(timeout=context.stop_timeout_s if context else None)
+        super().on_stop()
         _user_done(self.environment)
 
 
-class TraceUser(HttpUser):
+class TraceUser(StreamingUser):
     """Trace replay: one per worker; each plan item goes out once, on its own greenlet, at its ``arrival_s``."""
 
     wait_time = constant(0)
 
     def __init__(self, environment: Environment) -> None:
-        self.pool_manager = PoolManager(maxsize=MAX_OPEN_LOOP_CONNECTIONS, block=False)
         super().__init__(environment)
         self._in_flight = gevent.pool.Group()
 
@@ -187,4 +201,5 @@ class TraceUser(HttpUser):
     def on_stop(self) -> None:
         context = getattr(self.environment, CONTEXT_ATTRIBUTE, None)
         self._in_flight.join(timeout=context.stop_timeout_s if context else None)
+        super().on_stop()
         _user_done(self.environment)

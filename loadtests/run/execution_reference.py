@@ -144,12 +144,17 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
     def make(batch: int, context: int) -> Callable[[], float]:
         body = request_body(model, "completions", " ".join(["hello"] * context), num_tokens, ignore_eos)
 
-        def stream(client: httpx.Client) -> float | None:
-            """One request's time per output token after the first: (finish - first chunk) / (tokens - 1)."""
+        def stream() -> float | None:
+            """One request's time per output token after the first: (finish - first chunk) / (tokens - 1).
+
+            NOTE: each on a connection of its own, closed after it: a pooled one may be one the server closes
+            after every stream (llama-server does), and a request sent on it would be lost.
+            """
             finish = None
             num_tokens_out = 0
             arrivals: list[float] = []  # when each token-bearing chunk came
-            with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            with httpx.Client(timeout=10.0) as client, \
+                    client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
                 response.raise_for_status()
                 for line in _sse_lines(response):
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
@@ -171,8 +176,8 @@ def http_target_step(url: str, model: str, api_key: str | None = None, ignore_eo
             return (finish - arrivals[0]) / (num_tokens_out - 1)
 
         def one_round() -> float:
-            with httpx.Client(timeout=10.0) as client, ThreadPoolExecutor(batch) as pool:
-                steps = [step for step in pool.map(lambda _: stream(client), range(batch)) if step is not None]
+            with ThreadPoolExecutor(batch) as pool:
+                steps = [step for step in pool.map(lambda _: stream(), range(batch)) if step is not None]
             if not steps:
                 raise ValueError(f"{url} streamed no request with usage, 3 or more tokens and at least "
                                  f"{MIN_DELIVERIES} separate deliveries; its decode step cannot be timed")

@@ -11,6 +11,7 @@ describes the files in each.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from loadtests.workloads.tokenizer import DEFAULT_TOKENIZER, is_known_model, loa
 from probes.loader import load_run
 from probes.peaks import measure_peaks
 from probes.run_dir import (
+    CALIBRATION_NAME,
     LOAD_NAME,
     MANIFEST_NAME,
     PEAKS_NAME,
@@ -46,6 +48,7 @@ from probes.run_dir import (
     SweepPoint,
 )
 from probes.schemas import TABLE_SCHEMAS
+from probes.server_info import SERVER_INFO_NAME, fetch_server_info
 
 if TYPE_CHECKING:
     from probes.session import ProbeSession
@@ -142,10 +145,11 @@ def run_ablation(config: LoadConfig, out: Path, serve_argv: list[str], model: st
 def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
              sweep: tuple[str, list[float]] | None = None, tokenizer_name: str | None = None,
              served_model: str | None = None, api_key: str | None = None,
-             search: SearchOptions | None = None) -> Summary:
+             search: SearchOptions | None = None, reference: bool = True) -> Summary:
     """Each point against an external server; its /metrics (when served) and this host are probed.
 
     With ``search`` (and one config, whose users are ignored), the points are a capacity search's.
+    ``reference=False`` skips :func:`time_reference` (a second server start and its timed steps).
     """
     target = discover_target(url, served_model, api_key)
     probe = probe_request(target, configs[0].api, configs[0].ignore_eos, api_key)
@@ -161,6 +165,7 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
 
     def run_at(config: LoadConfig, run_dir: Path) -> None:
         session = start_external_probes(run_dir, target, config, dropped_fields=probe.dropped_fields)
+        RunDirectory(run_dir).save(SERVER_INFO_NAME, fetch_server_info(target.url, api_key))
         error: BaseException | None = None
         try:
             run_point(config, target, run_dir, tokenizer, console,
@@ -185,15 +190,31 @@ def run_load(configs: list[LoadConfig], out: Path, url: str, console: Console,
                 peaks = measure_peaks("auto")
         done = search_capacity(configs[0], out, run_at, console, max_users=search.max_users,
                                model_bytes=search.model_bytes, is_local=is_local, peaks=peaks)
-        time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
-                       ignore_eos=configs[0].ignore_eos)
+        if reference:
+            time_reference(out / f"users-{verdict_users(out, done)}", target, console, api_key,
+                           ignore_eos=configs[0].ignore_eos)
         return finish_run(out, console)
     for config, run_dir in zip(configs, _prepare_out(out, configs, sweep), strict=True):
         run_at(config, run_dir)
-
-    time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
-                   ignore_eos=configs[-1].ignore_eos)
+    if reference:
+        if sweep is None:
+            take_single_stream(out, target, configs[0], console, api_key)
+        time_reference(out if sweep is None else out / configs[-1].point_name, target, console, api_key,
+                       ignore_eos=configs[-1].ignore_eos)
     return finish_run(out, console)
+
+
+def take_single_stream(run_dir: Path, target: Target, config: LoadConfig, console: Console,
+                       api_key: str | None) -> None:
+    """After a one-point load: its first planned requests alone (``single_stream.json``), the lighter load its
+    TPOT and its failures are read against."""
+    from loadtests.run.single_stream import measure_single_stream
+
+    with console.status("timing a single stream after the load (the reference its TPOT and failures are read against)"):
+        reference = measure_single_stream(run_dir, target, config.api, config.ignore_eos, api_key)
+    tpot = reference.tpot_p50_s
+    console.print(f"single-stream reference: {reference.num_requests - reference.num_failed} of "
+                  f"{reference.num_requests} requests ok" + (f", TPOT {tpot * 1000:.1f} ms" if tpot else ""))
 
 
 def time_reference(run_dir: Path, target: Target, console: Console, api_key: str | None, ignore_eos: bool) -> None:
@@ -225,7 +246,11 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
     server_dir = out.parent / f".{out.name}-server"
     if server_dir.exists():
         raise ValueError(f"{server_dir} exists; remove it or pick another --out")
-    argv = ["--workload-seed", str(base.seed), *serve_argv]
+    # NOTE: the load's workload, so the server's step calibration is taken at this load's typical context
+    workload = out.parent / f".{out.name}-workload.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workload.write_text(json.dumps({"config": base.to_dict()}))
+    argv = ["--workload-json", str(workload), "--workload-seed", str(base.seed), *serve_argv]
     point_dirs: list[Path] = []
     try:
         with ServerProcess(server_dir, argv) as server:
@@ -255,6 +280,7 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
             shutil.copyfile(server_dir / PEAKS_NAME, out / PEAKS_NAME)
     finally:
         shutil.rmtree(server_dir, ignore_errors=True)
+        workload.unlink(missing_ok=True)
     return finish_run(out, console)
 
 
@@ -281,9 +307,9 @@ def split_server_run(server_dir: Path, point_dirs: list[Path]) -> None:
         manifest.workload = info.to_dict()
         manifest.started_at, manifest.stopped_at = info.started_at, info.finished_at
         point.write_json(MANIFEST_NAME, manifest.to_dict())
-        peaks = server_dir / PEAKS_NAME
-        if peaks.is_file():
-            shutil.copyfile(peaks, point_dir / PEAKS_NAME)
+        for name in (PEAKS_NAME, CALIBRATION_NAME):  # measured once, before the server served any point
+            if (server_dir / name).is_file():
+                shutil.copyfile(server_dir / name, point_dir / name)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)

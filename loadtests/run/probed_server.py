@@ -26,7 +26,7 @@ from loadtests.config import LoadConfig
 from loadtests.plan import build_plan
 from probes.peaks import measure_peaks
 from probes.run_dir import CALIBRATION_NAME, RunDirectory
-from probes.step_calibration import DEFAULT_CONTEXT, measure_calibration
+from probes.step_calibration import DEFAULT_CONTEXT, calibrate
 
 RUN_DIR_FLAG = "--run-dir"
 
@@ -81,8 +81,8 @@ def probe_hooks(args: argparse.Namespace) -> ServeHooks:
 
 
 def calibrate_steps(engine: Any, loaded: Any, run_dir: str, workload: dict[str, Any] | None) -> None:
-    """Before the load: the engine's decode step on both execution paths at several batch sizes, on the
-    weights it was built from (``loaded``).
+    """Before the load: the engine's decode step on its own way and every execution lever at several batch sizes,
+    on the weights it was built from (``loaded``), and the numeric levers' accuracy (or the cached calibration).
 
     NOTE: a failure here costs the execution verdict and the batch-size curve of the predictions,
     never the run (the server still serves); a warning says so.
@@ -94,10 +94,12 @@ def calibrate_steps(engine: Any, loaded: Any, run_dir: str, workload: dict[str, 
     config = engine.config
     try:
         context = representative_context(workload, engine)
-        calibration = measure_calibration(loaded, config, context)
+        calibration = calibrate(loaded, config, context)
         RunDirectory(run_dir).save(CALIBRATION_NAME, calibration)
-        print(f"servescope: step calibration took {calibration.cost_s:.1f} s (batch sizes "
-              f"{calibration.batches}, {calibration.context}-token contexts)", file=sys.stderr)
+        how = (f"read from the cache in {calibration.load_s or 0.0:.2f} s (measured in {calibration.cost_s:.1f} s "
+               f"before)" if calibration.cached else f"took {calibration.cost_s:.1f} s")
+        print(f"servescope: step calibration {how}: {', '.join(calibration.forward_s)} at batch sizes "
+              f"{calibration.batches}, {calibration.context}-token contexts", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - reported; the verdict then says the paths were not timed
         print(f"servescope: warning: the step calibration failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -52,11 +52,13 @@ class LiveCounts:
         self.num_ok = 0
         self.num_failed = 0
         self.num_warmup = 0
+        self.num_retried = 0  # sent again: the pooled connection closed before any answer
         self._recent: deque[tuple[float, int]] = deque()  # (end time, output tokens)
         self._ttfts: deque[float] = deque(maxlen=200)
 
     def add(self, records: list[ClientRecord]) -> None:
         for record in records:
+            self.num_retried += bool(record.num_retries)
             if record.is_warmup:
                 self.num_warmup += 1
             elif record.is_ok:
@@ -136,6 +138,7 @@ class LoadProgress:
             phase = "draining"
         ttft = self.counts.recent_ttft_p50_s()
         parts = [f"{self.counts.num_ok} ok", f"{self.counts.num_failed} failed",
+                 *([f"{self.counts.num_retried} retried"] if self.counts.num_retried else []),
                  f"{self.counts.output_tokens_per_s(time.time()):.0f} out tok/s",
                  f"TTFT p50 {ttft * 1000:.0f} ms" if ttft is not None else "TTFT -"]
         if self.metrics_url is not None:

@@ -42,6 +42,11 @@ PLATEAU_SHARE = 0.9
 SERIAL_GAIN = 1.2
 # Past the knee, at least this share of the open requests decoding at once: nothing queues them.
 UNQUEUED_DECODING_SHARE = 0.8
+# A serial server decodes one stream at a time: the client never sees this many decoding at once
+# (time-averaged, at any point). A server that streams two at once is not serial, whatever its
+# throughput did (transformers serve --continuous-batching with a KV pool of two requests: flat from
+# 1 to 6 users, two streams at a time: memory, not seats, held it).
+SERIAL_MAX_STREAMS = 1.5
 # Default share of requests that must meet every SLO bound for a point to hold.
 SLO_ATTAINMENT = 0.9
 Limit = Literal["serial", "seats", "memory", "compute"]
@@ -62,6 +67,9 @@ class CapacitySearch:
     is_local: bool = False  # the target runs on this machine (its memory bandwidth is ours)
     probed: bool = False  # the engine's probes watched the search (diagnose): they, not experiments, tell the limit
     overloaded: list[dict[str, Any]] = field(default_factory=list)  # points that measured nothing: overloaded
+    # The point where requests began to fail from overload (reports.failures): users, dir, why. It stays
+    # in the sweep: its failures are the evidence of the limit, and the search stopped there.
+    failed_at: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,6 +134,8 @@ class Capacity:
     stopped: str
     past_knee_users: int | None = None  # the point past the capacity where its limit binds
     serial_gain: float | None = None  # the best throughput at more than 1 user / at 1
+    max_decoding_streams: float | None = None  # the most streams decoding at once (time-averaged) at any point
+    failed_at_users: int | None = None  # where requests began to fail from overload (the search stopped there)
     queue_share_past_knee: float | None = None  # decoding streams / open requests past the knee
     tokens: TokensExperiment | None = None
     probed: bool = False  # the engine's probes watched the search, so they tell the limit
@@ -276,10 +286,13 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       goodput=chosen.goodput if chosen else None, method=method, reason=reason, limit=None,
                       limit_evidence="", knee=knee, points=cps, stopped=search.stopped,
                       slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {},
-                      probed=search.probed, interval=interval.to_dict() if interval is not None else None,
+                      probed=search.probed, failed_at_users=(search.failed_at or {}).get("users"),
+                      interval=interval.to_dict() if interval is not None else None,
                       output_tokens_per_s_interval=chosen.output_tokens_per_s_interval if chosen else None)
     by_users = {p.users: p for p in rated}
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
+    streams = [p.decoding_streams for p in cps if p.decoding_streams is not None]
+    result.max_decoding_streams = max(streams) if streams else None
     if chosen is not None:
         past = next((p for p in cps if p.users > chosen.users), None)
         if past is not None:
@@ -358,10 +371,17 @@ def _tokens_experiment(root: Path, search: CapacitySearch, by_users: dict[int, C
                             exponent=exponent, limit="memory" if exponent >= 0.5 else "seats")
 
 
+def is_serial(c: Capacity) -> bool:
+    """Flat throughput from 1 user on, and never two streams decoding at once."""
+    return (c.serial_gain is not None and c.serial_gain < SERIAL_GAIN
+            and (c.max_decoding_streams is None or c.max_decoding_streams < SERIAL_MAX_STREAMS))
+
+
 def _limit(c: Capacity) -> tuple[Limit | None, str]:
-    if c.serial_gain is not None and c.serial_gain < SERIAL_GAIN:
+    if is_serial(c):
         return "serial", (f"throughput grew at most {c.serial_gain:.2f}x from 1 user to any heavier point (under "
-                          f"{SERIAL_GAIN}x): the server serves one request at a time")
+                          f"{SERIAL_GAIN}x) and at most {c.max_decoding_streams or 1:.2f} streams decoded at once: "
+                          f"the server serves one request at a time")
     if c.queue_share_past_knee is not None and c.queue_share_past_knee >= UNQUEUED_DECODING_SHARE:
         return "compute", (f"past the capacity, at {c.past_knee_users} users, {c.queue_share_past_knee:.0%} of the open "
                            f"requests were decoding at once: none queued, each got slower, so the work itself "
@@ -416,16 +436,17 @@ def single_stream(point: CapacityPoint | None, points: list[RunDataset], search:
 
 
 def capacity_focus(capacity: Capacity, measures: list[PointMeasures]) -> int:
-    """Index of the point the verdict is read at: the first one past the capacity, where its limit binds
-    (at the capacity itself it only starts to), else the capacity point, else the heaviest."""
+    """Index of the point the verdict is read at (see :func:`focus_users`): past the capacity, where its limit
+    binds (at the capacity itself it only starts to)."""
     users = [int(m.concurrency or 0) for m in measures]
     return users.index(focus_users(capacity, users))
 
 
 def focus_users(capacity: Capacity, users: list[int]) -> int:
-    """Of the measured ``users`` (in order of users), the point the verdict is read at: the first one past
-    the capacity, else the capacity point, else the heaviest."""
-    for wanted in (capacity.past_knee_users, capacity.concurrency):
+    """Of the measured ``users`` (in order of users), the point the verdict is read at: where requests began to
+    fail from overload (their failures say which limit), else the first one past the capacity, else the
+    capacity point, else the heaviest."""
+    for wanted in (capacity.failed_at_users, capacity.past_knee_users, capacity.concurrency):
         if wanted is not None and wanted in users:
             return wanted
     return users[-1]

@@ -39,13 +39,17 @@ class LeverSection(Section):
                 p = lever.get("predicted") or {}
                 rows.append([lever["lever"], lever["flags"], _x(lever.get("predicted_gain")),
                              p.get("output_throughput"), _ms(p.get("ttft_p50")), _ms(p.get("tpot_p50")),
-                             _x(lever.get("measured_gain")),
+                             _x(lever.get("measured_gain")), lever.get("price") or "–",
                              "yes" if lever.get("worth_pulling") else "no", lever.get("note") or ""])
                 marks.append(lever["lever"] == predictions.get("best"))
             out.append(table(["lever", "flags", "predicted gain", "output tok/s", "TTFT p50 ms", "TPOT p50 ms",
-                              "measured gain", f"worth pulling (>= {WORTH_PULLING:.2f}x)", "note"], rows,
-                             caption="Gains are ratios of output throughput at this load, replayed through the "
-                                     "engine's own scheduler with the fitted step time", highlight=marks))
+                              "measured gain", "accuracy cost", f"worth pulling (>= {WORTH_PULLING:.2f}x)", "note"],
+                             rows, caption="Gains are ratios of output throughput at this load, replayed through the "
+                                           "engine's own scheduler with the fitted step time; a lever that changes the "
+                                           "numbers the model computes shows what it costs in accuracy, measured on "
+                                           "the served model before the load (greedy-token agreement with this run's "
+                                           "configuration and the largest logit difference, on fixed prompts)",
+                             highlight=marks))
         model = predictions.get("step_model")
         if model is not None:
             t = model["total"]
@@ -63,13 +67,21 @@ class LeverSection(Section):
             error = check.get("throughput_error")
             out.append(table(["", "output tok/s while sending", "output tok/s (measured window)", "TTFT p50 ms",
                               "TPOT p50 ms"],
-                             [["measured", m.get("steady_output_throughput"), m.get("output_throughput"),
+                             [["measured", m.get("steady_output_throughput"), m.get("window_output_throughput"),
                                _ms(m.get("ttft_p50")), _ms(m.get("tpot_p50"))],
                               ["replayed, same settings", r.get("steady_throughput"), r.get("output_throughput"),
                                _ms(r.get("ttft_p50")), _ms(r.get("tpot_p50"))]],
                              caption=f"The replay of this run's own settings vs what was measured (output tokens "
                                      f"per second while the load was sending: "
                                      f"{'error ' + format(error, '+.1%') if error is not None else 'not compared'})"))
+        calibration = predictions.get("calibration")
+        if calibration is not None:
+            paid = (f"read from the cache in {calibration.get('load_s') or 0.0:.2f} s (measured in "
+                    f"{calibration['cost_s']:.1f} s by an earlier run)" if calibration.get("cached")
+                    else f"{calibration['cost_s']:.1f} s")
+            out.append(note(f"Step calibration before the load: {', '.join(calibration['variants'])} at batch sizes "
+                            f"{', '.join(map(str, calibration['batches']))} ({calibration['context']}-token contexts); "
+                            f"it cost this run {paid}."))
         if predictions.get("unknown"):
             out.append(note(f"Not predicted: {predictions['unknown']}."))
         return out

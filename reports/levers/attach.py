@@ -25,8 +25,9 @@ def engine_kind(data: RunDataset) -> str:
 def attach_predictions(diagnosis: Any, data: RunDataset) -> None:
     """Add the levers' predictions to a verdict (``diagnosis.levers``, ``diagnosis.predictions``).
 
-    With engine steps, the best lever predicted to gain 10% leads the lever to try, and when none
-    would, the summary says the hardware is saturated at this load; from outside, the table lists
+    With engine steps, the best lever predicted to gain 10% leads the lever to try, with its accuracy cost; when
+    none would, the summary says why (a lever not predicted, an idle engine, a step far from its roofline, or, only
+    when all of them were predicted and the device agrees, a saturated hardware); from outside, the table lists
     each lever in the server's own flags with what can be predicted without its steps.
     """
     if not getattr(diagnosis, "has_verdict", True):
@@ -40,6 +41,7 @@ def attach_predictions(diagnosis: Any, data: RunDataset) -> None:
                 unknown=f"the replay simulates the continuous-batching engine; this run used the {kind} engine")
     else:
         predictions = external_predictions(data)
+    predictions.busy_fraction, predictions.roof_share = device_evidence(diagnosis)
     diagnosis.levers = [lever.to_dict() for lever in predictions.levers]
     diagnosis.predictions = predictions.to_dict()
     add_retest(diagnosis, data)
@@ -64,3 +66,14 @@ def add_retest(diagnosis: Any, data: RunDataset) -> None:
         if lever["lever"] == outcome.get("lever"):
             lever["measured_gain"] = outcome.get("measured_gain")
             lever["measured"] = outcome.get("measured")
+
+
+def device_evidence(diagnosis: Any) -> tuple[float | None, float | None]:
+    """The engine's busy share of the window and its decode step's roofline floor over the step, from the verdict's
+    metrics (None where not measured, or where the peaks were measured low)."""
+    metrics = getattr(diagnosis, "metrics", None) or {}
+    server = metrics.get("server") or {}
+    roofline = metrics.get("roofline") or {}
+    floor, step = roofline.get("decode_floor_s"), roofline.get("decode_step_s")
+    roof = floor / step if floor is not None and step else None
+    return server.get("busy_fraction"), roof if roof is None or roof <= 1.0 else None

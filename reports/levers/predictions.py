@@ -10,14 +10,11 @@ run's own settings is checked against what was measured and that error is shown 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
+from probes.accuracy import LeverAccuracy
 from probes.replay import (
     EngineConfig,
     ReplayLoad,
@@ -25,12 +22,14 @@ from probes.replay import (
     SimRequest,
     SimStep,
     engine_config,
-    pseudo_token_ids,
     replay,
 )
-from probes.run_dir import CALIBRATION_NAME, PLAN_NAME, RunDirectory
+from probes.run_dir import CALIBRATION_NAME, RunDirectory
 from probes.step_calibration import StepCalibration
 from reports.dataset import RunDataset
+from reports.levers.execution import execution_lever_specs
+from reports.levers.replay_inputs import measured_figures, replay_inputs
+from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
 from reports.levers.step_model import StepModel, fit_step_model
 
 # A lever predicted to gain less than this (as a ratio of output throughput) is not worth pulling.
@@ -54,13 +53,24 @@ class LeverPrediction:
     add_flags: list[str] = field(default_factory=list)  # serve flags that pull it (the bundled engine)
     drop_flags: list[str] = field(default_factory=list)  # serve flags (with their values) it removes
     users: int | None = None  # the load lever: the closed-loop users to offer instead
+    changes_numbers: bool = False  # it changes the numbers the model computes (a dtype, quantized weights)
+    accuracy: dict[str, Any] | None = None  # probes.accuracy.LeverAccuracy, for a lever that changes the numbers
 
     @property
     def is_worth_pulling(self) -> bool:
         return self.predicted_gain is not None and self.predicted_gain >= WORTH_PULLING
 
+    @property
+    def price(self) -> str:
+        """What the lever costs in accuracy, in words."""
+        if not self.changes_numbers:
+            return "none: the model computes the same numbers"
+        if self.accuracy is None:
+            return "not measured"
+        return LeverAccuracy.from_dict(self.accuracy).describe()
+
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "worth_pulling": self.is_worth_pulling}
+        return {**dataclasses.asdict(self), "worth_pulling": self.is_worth_pulling, "price": self.price}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LeverPrediction:
@@ -70,12 +80,20 @@ class LeverPrediction:
 
 @dataclass(slots=True)
 class Predictions:
-    """Every lever's prediction for one load point, best first, with the model and replay they rest on."""
+    """Every lever's prediction for one load point, best first, with the model and replay they rest on.
+
+    ``busy_fraction`` and ``roof_share`` are the device's own evidence (the engine's busy share of the window,
+    its decode step's roofline floor over the step), set by whoever attaches the predictions to a verdict:
+    "the hardware is saturated" is said only when every lever was predicted, none gains, and they agree.
+    """
 
     levers: list[LeverPrediction] = field(default_factory=list)
     step_model: dict[str, Any] | None = None
     replay_check: dict[str, Any] | None = None  # the replay of the run's own settings vs what was measured
     unknown: str | None = None  # why nothing could be predicted
+    busy_fraction: float | None = None
+    roof_share: float | None = None
+    calibration: dict[str, Any] | None = None  # what the step calibration timed and what it cost this run
 
     @property
     def best(self) -> LeverPrediction | None:
@@ -88,18 +106,52 @@ class Predictions:
             return f"gains not predicted: {self.unknown}"
         if best is not None:
             return (f"pull {best.flags} ({best.description}): predicted {best.predicted_gain:.2f}x output "
-                    f"throughput at this load")
+                    f"throughput at this load; accuracy cost: {best.price}")
         if not self.levers:
             return "no lever applies to this configuration"
-        return (f"no lever is predicted to gain {WORTH_PULLING - 1:.0%} at this load (best "
-                f"{max(self.levers, key=lambda lv: lv.predicted_gain or 0.0).flags}): the hardware is saturated "
-                f"at this load")
+        predicted = [lv for lv in self.levers if lv.predicted_gain is not None]
+        missing = [lv for lv in self.levers if lv.predicted_gain is None]
+        if predicted:
+            top = max(predicted, key=lambda lv: lv.predicted_gain or 0.0)
+            head = (f"no lever is predicted to gain {WORTH_PULLING - 1:.0%} at this load (best {top.flags}, "
+                    f"{top.predicted_gain:.2f}x)")
+        else:
+            head = "no lever's gain could be predicted"
+        if missing:
+            why = "; ".join(f"{lv.flags} ({lv.note or 'no figure'})" for lv in missing)
+            return f"{head}; not predicted: {why}; so whether the hardware is saturated is not known"
+        busy, roof = self.busy_fraction, self.roof_share
+        if busy is None or busy < ENGINE_BUSY:
+            busy_text = "not measured" if busy is None else f"{busy:.0%}"
+            return (f"{head}; the engine was stepping {busy_text} of the window, so the offered load, not the "
+                    f"hardware, is what is left to raise")
+        if roof is not None and roof < FAR_FROM_ROOF:
+            return (f"{head}; the engine was busy {busy:.0%} of the window but its decode step spent {roof:.0%} of "
+                    f"its time at its roofline floor: the steps are held by software (dispatch, host work), not by "
+                    f"the hardware's bandwidth or arithmetic")
+        at_roof = f", its decode step {roof:.0%} at its roofline floor" if roof is not None else ""
+        return f"{head}; the engine was busy {busy:.0%} of the window{at_roof}: the hardware is saturated at this load"
+
+    def best_lever(self) -> dict[str, Any] | None:
+        """The lever to pull, its predicted gain and its price, as the console and the report's top show it."""
+        best = self.best
+        if best is None:
+            return None
+        before = ((self.replay_check or {}).get("measured") or {}).get("output_throughput")
+        after = (best.predicted or {}).get("output_throughput")
+        rate = f" ({before:.1f} -> {after:.1f} output tok/s)" if before and after else ""
+        text = (f"{best.flags} ({best.description}): predicted {best.predicted_gain:.2f}x output throughput{rate} "
+                f"at this load; accuracy cost: {best.price}")
+        return {"lever": best.lever, "flags": best.flags, "description": best.description,
+                "predicted_gain": best.predicted_gain, "predicted": best.predicted, "price": best.price,
+                "accuracy": best.accuracy, "changes_numbers": best.changes_numbers, "text": text}
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
         return {"step_model": self.step_model, "replay_check": self.replay_check, "unknown": self.unknown,
                 "best": best.lever if best else None, "best_flags": best.flags if best else None,
-                "verdict": self.verdict()}
+                "best_lever": self.best_lever(), "busy_fraction": self.busy_fraction, "roof_share": self.roof_share,
+                "calibration": self.calibration, "verdict": self.verdict()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +166,9 @@ class Lever:
     users: int | None = None
     note: str = ""
     drop_flags: tuple[str, ...] = ()
+    variant: str | None = None  # the calibrated execution variant whose forward a step takes (None: the run's)
+    changes_numbers: bool = False
+    accuracy: Mapping[str, Any] | None = None
 
     @property
     def add_flags(self) -> list[str]:
@@ -121,8 +176,9 @@ class Lever:
 
 
 def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, calibration: StepCalibration | None,
-                     offer_load: bool = False) -> list[Lever]:
-    """The levers that apply to a run of the bundled engine with ``config`` under ``load``; with
+                     offer_load: bool = False, pool_in_blocks: bool = True) -> list[Lever]:
+    """The levers that apply to a run of the bundled engine with ``config`` under ``load``: the scheduler's and
+    the cache's, and every execution lever the calibration timed (:mod:`reports.levers.execution`); with
     ``offer_load`` (the verdict found the load, not the server, to be the limit) more load is one."""
     out: list[Lever] = []
     seats = int(config["max_num_seqs"])
@@ -142,10 +198,10 @@ def candidate_levers(config: Mapping[str, Any], load: ReplayLoad, calibration: S
     if not config.get("enable_prefix_caching", True):
         out.append(Lever("prefix_caching", "(drop --no-prefix-caching)", "prefix caching on",
                          {"enable_prefix_caching": True}, drop_flags=("--no-prefix-caching",)))
-    if config.get("execution") == "eager":
+    if config.get("execution") == "eager" and not is_calibrated(calibration, "optimized"):
         out.append(Lever("execution", "--execution optimized", "the optimized execution path",
-                         {"execution": "optimized"}, is_measured=is_calibrated(calibration, "optimized"),
-                         note=calibration_note(calibration, "optimized")))
+                         {"execution": "optimized"}, is_measured=False, note=calibration_note(calibration, "optimized")))
+    out += [Lever(**spec) for spec in execution_lever_specs(calibration, config, pool_in_blocks)]
     if float(config.get("host_overhead_ms") or 0.0) > 0:
         out.append(Lever("host_overhead", "--host-overhead-ms 0", "no per-step host overhead",
                          {"host_overhead_ms": 0.0}))
@@ -170,81 +226,6 @@ def calibration_note(calibration: StepCalibration | None, path: str) -> str:
             f"ms at {at}); a step saves those milliseconds, the rest of the loaded step stays")
 
 
-def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str:
-    """The run's requests and load as the replay takes them, or why they cannot be had.
-
-    Times count from the run's first send; the measured part starts at its first measured send.
-    """
-    client = data.client
-    if client is None or not len(client):
-        return "the run has no client rows to replay"
-    info = data.load_info
-    config = info.config if info is not None else {}
-    rows = client[client["is_ok"]].sort_values("send_time")
-    if rows.empty:
-        return "no request succeeded"
-    start = float(client["send_time"].min())
-    users = config.get("users") if config.get("mode", "closed") == "closed" else None
-    plan = read_plan_items(data.path / PLAN_NAME)
-    if users is not None and plan:
-        # NOTE: closed-loop users take the plan's requests in order, so a faster replay sends the plan's
-        # next requests (never repeats of the sent ones, which would hit the prefix cache).
-        sent = {int(i): (n, o) for i, n, o in zip(rows["plan_index"], rows["num_prompt_tokens"],
-                                                   rows["num_output_tokens"], strict=True) if pd.notna(i)}
-        items = [(item["prompt"], *sent.get(int(item["index"]), (item["num_prompt_tokens"], item["max_tokens"])))
-                 for item in plan]
-        texts = [text for text, _, _ in items]
-        prompt_counts = [max(1, int(n)) if pd.notna(n) else 1 for _, n, _ in items]
-        outputs = [max(1, int(o)) if pd.notna(o) else 1 for _, _, o in items]
-        ids = pseudo_token_ids(texts, prompt_counts)
-        requests = [SimRequest(t, n) for t, n in zip(ids, outputs, strict=True)]
-    else:
-        prompt_counts = list(rows["num_prompt_tokens"].fillna(rows["planned_prompt_tokens"]).fillna(1).astype(int)
-                             .clip(lower=1))
-        texts = [data.prompts.get(int(i), f"request-{n}") if pd.notna(i) else f"request-{n}"
-                 for n, i in enumerate(rows["plan_index"])]
-        ids = pseudo_token_ids(texts, prompt_counts)
-        outputs = list(rows["num_output_tokens"].fillna(1).astype(int).clip(lower=1))
-        requests = [SimRequest(t, int(n), float(s) - start)
-                    for t, n, s in zip(ids, outputs, rows["send_time"], strict=True)]
-    measured = client[~client["is_warmup"]]
-    warmup = float(measured["send_time"].min()) - start if len(measured) else float(config.get("warmup_s", 0.0))
-    duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start - warmup)
-    gap = closed_loop_gap_s(rows, int(users)) if users else client_gap_s(data)
-    return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
-                                gap_s=gap)
-
-
-def closed_loop_gap_s(rows: pd.DataFrame, users: int) -> float:
-    """A closed-loop user's time between one response's end and its next send (think time, client work):
-    by Little's law each user cycles through E2E + gap, so gap = users / send rate - mean E2E (over the
-    sends, which all users take part in; the drain after the last send would bias the rate)."""
-    span = float(rows["send_time"].max() - rows["send_time"].min())
-    if span <= 0 or len(rows) < 2:
-        return 0.0
-    return max(users * span / (len(rows) - 1) - float(rows["e2e_s"].mean()), 0.0)
-
-
-def read_plan_items(path: Path) -> list[dict[str, Any]]:
-    """The run's request plan (``workload.jsonl``) in plan order; empty when the run has none."""
-    if not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as f:
-        items = [json.loads(line) for line in f if line.strip()]
-    return sorted(items, key=lambda item: int(item["index"]))
-
-
-def client_gap_s(data: RunDataset) -> float:
-    """The client's own time per request (send to engine arrival, engine finish to the client's end), median."""
-    requests, client = data.frame("requests"), data.client
-    if client is None or not len(requests) or "request_id" not in client:
-        return 0.0
-    joined = client.merge(requests, on="request_id", suffixes=("", "_engine"))
-    gap = (joined["arrival_time"] - joined["send_time"]) + (joined["end_time"] - joined["finish_time"])
-    gap = gap.dropna()
-    return max(float(gap.median()), 0.0) if len(gap) else 0.0
-
-
 def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
     """Fit the step model on ``data``'s steps, replay its load, and predict every lever that applies."""
     if not data.has_engine_probes:
@@ -263,24 +244,36 @@ def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
     except (ValueError, TypeError) as exc:
         return Predictions(step_model=model.to_dict(), unknown=f"the run's engine config cannot be replayed: {exc}")
     base = replay(base_config, requests, load, step_cost(model, base_config, base_config))
-    measured = _measured(data, load)
+    measured = measured_figures(data, load)
     check = {"replayed": base.to_dict(), "measured": measured,
              "throughput_error": _error(base.steady_throughput, measured.get("steady_output_throughput"))}
     levers = []
-    for lever in candidate_levers(recorded, load, calibration, offer_load):
+    argv = list(data.load_info.serve_argv or []) if data.load_info is not None else []
+    for lever in candidate_levers(recorded, load, calibration, offer_load, pool_in_blocks="--num-kv-blocks" in argv):
         levers.append(_predict_one(lever, recorded, requests, load, model, base, measured))
     levers.sort(key=lambda lv: -(lv.predicted_gain or 0.0))
-    return Predictions(levers=levers, step_model=model.to_dict(), replay_check=check)
+    return Predictions(levers=levers, step_model=model.to_dict(), replay_check=check,
+                       calibration=calibration_summary(calibration))
 
 
-def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig) -> Callable[[SimStep], float]:
-    """The fitted step time on ``config`` (its execution path included); burnt host time as the run measured it
-    when the knob is unchanged."""
+def calibration_summary(calibration: StepCalibration | None) -> dict[str, Any] | None:
+    """What the step calibration timed, and what it cost (this run: nothing but reading it when it was cached)."""
+    if calibration is None:
+        return None
+    return {"variants": list(calibration.forward_s), "batches": calibration.batches, "context": calibration.context,
+            "cost_s": calibration.cost_s, "accuracy_s": calibration.accuracy_s, "cached": calibration.cached,
+            "load_s": calibration.load_s, "failed": calibration.failed}
+
+
+def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig,
+              variant: str | None = None) -> Callable[[SimStep], float]:
+    """The fitted step time on ``config``, its forward the calibrated execution ``variant``'s (default: the run's
+    own); burnt host time as the run measured it when the knob is unchanged."""
     if recorded.host_overhead_ms > 0:
         host_s = model.host_overhead_s * config.host_overhead_ms / recorded.host_overhead_ms
     else:
         host_s = config.host_overhead_ms / 1000
-    path = config.execution if config.execution != recorded.execution else None
+    path = variant
 
     def cost(step: SimStep) -> float:
         return model.step_time(step, host_s, path)
@@ -290,12 +283,14 @@ def step_cost(model: StepModel, config: EngineConfig, recorded: EngineConfig) ->
 
 def _predict_one(lever: Lever, recorded: Mapping[str, Any], requests: list[SimRequest], load: ReplayLoad,
                  model: StepModel, base: ReplayMeasures, measured: Mapping[str, Any]) -> LeverPrediction:
-    pulls = {"add_flags": lever.add_flags, "drop_flags": list(lever.drop_flags), "users": lever.users}
+    pulls = {"add_flags": lever.add_flags, "drop_flags": list(lever.drop_flags), "users": lever.users,
+             "changes_numbers": lever.changes_numbers,
+             "accuracy": dict(lever.accuracy) if lever.accuracy is not None else None}
     if not lever.is_measured:
         return LeverPrediction(lever.lever, lever.flags, lever.description, None, note=lever.note, **pulls)
     config = engine_config(recorded, lever.changes)
     lever_load = dataclasses.replace(load, users=lever.users) if lever.users is not None else load
-    result = replay(config, requests, lever_load, step_cost(model, config, engine_config(recorded)))
+    result = replay(config, requests, lever_load, step_cost(model, config, engine_config(recorded), lever.variant))
     gain = _ratio(result.steady_throughput, base.steady_throughput)
 
     def scaled(key: str, predicted: float | None, replayed: float | None) -> float | None:
@@ -308,24 +303,6 @@ def _predict_one(lever: Lever, recorded: Mapping[str, Any], requests: list[SimRe
                  "tpot_p50": scaled("tpot_p50", result.tpot_p50, base.tpot_p50),
                  "replayed": result.to_dict()}
     return LeverPrediction(lever.lever, lever.flags, lever.description, gain, predicted, note=lever.note, **pulls)
-
-
-def _measured(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
-    """The run's own figures: as its report shows them, and its output tokens per second while it was
-    sending (from the first measured send for the load's duration), the replay's steady throughput.
-
-    NOTE: the steady rate counts the engine's own token times: a stream's chunk may carry several tokens.
-    """
-    lat, client = data.latencies, data.client
-    ok = lat[lat["is_ok"]] if len(lat) else lat
-    window = data.window[1] - data.window[0]
-    if not len(ok) or not window > 0 or client is None:
-        return {}
-    start = float(client["send_time"].min()) + load.warmup_s
-    times = [t for row in data.frame("requests")["token_times"] if row is not None for t in row]
-    steady = sum(1 for t in times if start < t <= start + load.duration_s) / load.duration_s
-    return {"output_throughput": float(ok["num_output_tokens"].sum()) / window, "steady_output_throughput": steady,
-            "ttft_p50": float(ok["ttft_s"].median()), "tpot_p50": float(ok["tpot_s"].median())}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -100,12 +100,13 @@ class StepModel:
                         work.num_context_tokens - work.num_decode_tokens * self.calibration.context)
 
     def step_time(self, work: StepWork, host_overhead_s: float = 0.0, path: str | None = None) -> float:
-        """Predicted seconds for a step on execution ``path`` (default the run's own), plus the host time a
+        """Predicted seconds for a step on the calibrated execution variant ``path`` (an execution path, a dtype,
+        quantized weights, an attention backend; default the run's own), plus the host time a
         ``--host-overhead-ms`` setting burns.
 
-        On another path the step saves what the calibration measured that path to save: the forward of
-        its decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is
-        the same on both paths), and on its prompt rows the share it saved on a calibrated prompt chunk.
+        On another variant the step saves what the calibration measured it to save: the forward of its
+        decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is the
+        same whatever the variant), and on its prompt rows the share it saved on a calibrated prompt chunk.
         """
         own = self.calibrated_forward(work) + self.total.predict(self.linear_work(work))
         saved = 0.0

@@ -7,11 +7,12 @@ from reports.verdict.capacity_rules import capacity_lever
 from reports.verdict.engine_rules import NO_QUEUE_SHARE, QUEUE_SHARE
 from reports.verdict.evidence import Bottleneck, Evidence, Facts, num, pct
 from reports.verdict.external_rules import QUEUE_DEPTH, ServerQueueDepth
+from reports.verdict.overload_rules import SLOTS_BUSY, overload_lever
 
 
 def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
     """``(lever to try, one-sentence summary)`` for a verdict."""
-    from_capacity = capacity_lever(deciding, facts)
+    from_capacity = capacity_lever(deciding, facts) or overload_lever(deciding, facts)
     if from_capacity is not None:
         return from_capacity
     names = {e.name for e in deciding}
@@ -31,6 +32,15 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
             return ("use continuous batching: admit waiting requests into the running batch every step",
                     f"requests queue while the batch runs {num(s.mean_batch)} sequences with seats and memory free: "
                     f"the server does not batch them")
+        slots = _busy_slots(facts)
+        if slots is not None:
+            p = facts.prometheus
+            waiting = p.mean_waiting if p is not None and p.mean_waiting is not None else 0.0
+            return (f"more slots: llama-server -np {2 * slots} (--parallel; {slots} now), with -c grown to keep each "
+                    f"slot's context",
+                    f"every one of its {slots} slots was busy and {num(waiting)} requests on average waited for one "
+                    f"(requests_deferred): llama-server defers a request only when no slot is free, so the slot "
+                    f"count holds it")
         if "sweep_throughput_flat" in names:
             return ("enable or widen batching on the server (its max batch size / max_num_seqs)",
                     "more concurrency did not become more throughput: requests are queued, not batched")
@@ -56,6 +66,15 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
     if s is not None:
         return more_load, "every request was admitted and nothing inside the server binds: the offered load is the limit"
     return more_load, _outside_none_summary(facts)
+
+
+def _busy_slots(facts: Facts) -> int | None:
+    """The slot count of a server that reports one (llama-server's /props) when its slots were all busy."""
+    info, p = facts.server_info, facts.prometheus
+    slots = info.num_slots if info is not None else None
+    if not slots or p is None or p.mean_running is None or p.mean_running < SLOTS_BUSY * slots:
+        return None
+    return slots
 
 
 def _outside_none_summary(facts: Facts) -> str:
@@ -94,6 +113,14 @@ def _execution_lever(facts: Facts, deciding: list[Evidence]) -> tuple[str, str]:
                 f"the optimized path would remove {pct(path.value)} of each decode step ({p.run_path} "
                 f"{p.step_s[p.run_path] * 1000:.2f} ms -> {p.optimized_s * 1000:.2f} ms on the run's batch of "
                 f"{p.batch}, calibrated side by side before the load)")
+    busy = by_name.get("engine_busy")
+    if busy is not None and "host_overhead" not in by_name:
+        filled = by_name.get("batch_filled")
+        return ("make each step cheaper: a lower-precision dtype, quantized weights, the optimized path or a faster "
+                "device (each execution lever this device runs is timed on the model before the load and predicted "
+                "below, with its accuracy cost)",
+                f"the engine stepped {pct(busy.value)} of the window, its batch {pct(filled.value if filled else None)} "
+                f"of what it allows, and nobody waited for a seat or for memory: the work itself saturates it")
     outside = by_name.get("slower_than_optimized")
     if outside is not None and facts.execution_reference is not None:
         ref = facts.execution_reference

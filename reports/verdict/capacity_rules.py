@@ -6,7 +6,7 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 
 from __future__ import annotations
 
-from reports.capacity.result import SERIAL_GAIN, UNQUEUED_DECODING_SHARE
+from reports.capacity.result import SERIAL_GAIN, SERIAL_MAX_STREAMS, UNQUEUED_DECODING_SHARE
 from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in
@@ -27,6 +27,22 @@ class CapacitySerial(Rule):
 
     def describe(self, facts: Facts, value: float | None) -> str:
         return f"output throughput grew at most {num(value)}x from 1 user to any heavier point"
+
+
+class CapacityOneStream(Rule):
+    name = "capacity_one_stream"
+    bottleneck = "batching"
+    threshold = SERIAL_MAX_STREAMS
+    comparison = "<="
+    why = ("a serial server decodes one request at a time, so the client never sees two streams decoding at once; "
+           "one that streams two or more at once batches them, and what keeps its throughput flat is something "
+           "else (seats or memory: the tokens experiment tells)")
+
+    def value(self, facts: Facts) -> float | None:
+        return facts.capacity.max_decoding_streams if facts.capacity is not None else None
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        return f"at most {num(value)} streams decoded at once (time-averaged) at any point of the search"
 
 
 class _TokensRule(Rule):

@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.execution_paths import PathTiming, decode_shape
+from probes.execution_paths import OPTIMIZED, PathTiming, decode_shape
 from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, EXECUTION_REFERENCE_NAME, RunDirectory, json_safe
+from probes.server_info import SERVER_INFO_NAME, ServerInfo
+from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
 from probes.step_calibration import StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
 from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
 from reports.dataset import RunDataset, load_points, sweep_parameter
+from reports.failures import failure_counts
 from reports.health import RunHealth, run_health
 from reports.levers.attach import attach_predictions
 from reports.metric_adapters import ADAPTERS
@@ -36,6 +39,7 @@ from reports.verdict.evidence import (
     Evidence,
     Facts,
     SweepMeasures,
+    num,
 )
 from reports.verdict.rules import RULES, rule
 
@@ -77,24 +81,34 @@ ENGINE_FINDINGS = (
     Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
     Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
     Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
+    # NOTE: the engine saturated by its own work: busy, its batch well used, nobody held for a seat or memory
+    Finding("execution", all_of=("engine_busy", "no_seat_or_memory_wait", "batch_filled")),
 )
 ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
+# NOTE: failures read as overload (reports.health) are direct evidence: they come before the queue's.
+OVERLOAD_FINDINGS = (Finding("cache", all_of=("overload_context",)),
+                     Finding("batching", all_of=("overload_refused",), support=("server_queue", "server_slots_busy",
+                                                                                 "server_wait_before_prompt")))
 METRICS_FINDINGS = (
     Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
     Finding("cache", any_of=("server_preemptions",)),
+    *OVERLOAD_FINDINGS,
     # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
     # preemption and KV findings above are the ones that would name memory.
     Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
-            support=("few_streams_decoding",)),
+            support=("few_streams_decoding", "server_slots_busy", "server_wait_before_prompt")),
     Finding("execution", all_of=("slower_than_optimized",)),
+    Finding("execution", all_of=("tpot_over_single_stream", "server_queue_absent"), support=("streams_all_decoding",)),
 )
 SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
                           support=("few_streams_decoding",)),)
 CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
-                   Finding("execution", all_of=("slower_than_optimized",)))
+                   Finding("execution", all_of=("slower_than_optimized",)),
+                   Finding("execution", all_of=("tpot_over_single_stream", "streams_all_decoding")))
 EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
 # A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
-CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial",)), Finding("cache", all_of=("capacity_memory",)),
+CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial", "capacity_one_stream"),
+                             unknown_ok=("capacity_one_stream",)), Finding("cache", all_of=("capacity_memory",)),
                      Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
 
 
@@ -160,16 +174,22 @@ class Diagnosis:
 
 
 def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None,
-              view: str = "inside") -> Facts:
-    """Every measure of one load point the rules read; with ``view="outside"`` only what a client has."""
+              view: str = "inside", single_stream_tpot_s: float | None = None) -> Facts:
+    """Every measure of one load point the rules read; with ``view="outside"`` only what a client has.
+
+    ``single_stream_tpot_s``: one stream's median TPOT in the same run (see :func:`single_stream_tpot`).
+    """
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     directory = RunDirectory(data.path)
     is_metrics_unread = data.has_prometheus and measures.prometheus is None
+    failures = failure_counts(data.latencies) if measures.client is not None else None
     if view == "outside" or measures.server is None:
         return Facts(server=None, client=measures.client, prometheus=measures.prometheus, roofline=None, sweep=sweep,
                      is_metrics_unread=is_metrics_unread,
-                     execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming))
+                     execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming),
+                     failures=failures, single_stream_tpot_s=single_stream_tpot_s,
+                     server_info=directory.load(SERVER_INFO_NAME, ServerInfo))
     roofline = None
     shape = data.model_shape
     if shape is not None:
@@ -177,7 +197,8 @@ def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | 
     return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
                  roofline=roofline, engine_config=data.engine_config, sweep=sweep,
                  is_metrics_unread=is_metrics_unread,
-                 execution_paths=run_path_timing(directory, data))
+                 execution_paths=run_path_timing(directory, data), failures=failures,
+                 single_stream_tpot_s=single_stream_tpot_s)
 
 
 def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | None:
@@ -185,7 +206,8 @@ def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | N
     the server measured before the load (the one measurement the predictions read too)."""
     calibration = directory.load(CALIBRATION_NAME, StepCalibration)
     shape = decode_shape(data.steps_in_window())
-    if calibration is None or shape is None or calibration.other_path is None:
+    # NOTE: an optimized run has no other path to time (eager is slower, not a lever): its own path is the timing
+    if calibration is None or shape is None or OPTIMIZED not in calibration.step_s:
         return None
     return calibration.path_timing(*shape)
 
@@ -197,7 +219,7 @@ def decide(facts: Facts, label: str = "") -> Diagnosis:
         source, findings, fallback = "engine", (*ENGINE_FINDINGS, *CAPACITY_FINDINGS), ENGINE_FALLBACK
     else:
         findings = ((*METRICS_FINDINGS, *CAPACITY_FINDINGS, *SWEEP_FINDINGS) if facts.prometheus
-                    else (*CAPACITY_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS))
+                    else (*OVERLOAD_FINDINGS, *CAPACITY_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS))
         fallback = EXTERNAL_FALLBACK
         source = "prometheus" if facts.prometheus else "sweep" if facts.sweep else "client"
     fired = [f for f in findings if f.fires(evidence)]
@@ -226,7 +248,13 @@ def metrics_read(facts: Facts) -> str | None:
     p = facts.prometheus
     if p is not None:
         names = ", ".join(f"{signal} {name}" for signal, name in p.names.items() if name is not None)
-        return f"/metrics read with the {p.adapter} names ({names})"
+        extra = [f"{label} {num(value)}" for label, value in (
+            ("sequences per forward step", p.mean_batch), ("generated tok/s by its counter", p.output_tokens_per_s),
+            ("longest sequence (tokens)", p.max_sequence_tokens)) if value is not None]
+        info = facts.server_info
+        if info is not None and info.num_slots is not None:
+            extra.append(f"{info.num_slots} slots of {info.slot_context} tokens (/props)")
+        return f"/metrics read with the {p.adapter} names ({names})" + (f"; {', '.join(extra)}" if extra else "")
     if facts.is_metrics_unread:
         return (f"/metrics was scraped, but none of its names is one of the known servers' "
                 f"({', '.join(ADAPTERS)}): the client-side evidence decided")
@@ -274,8 +302,10 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     points = sorted(load_points(run_path), key=lambda p: p.concurrency or 0.0)
     parameter = sweep_parameter(run_path)
     measures = [point_measures(p) for p in points]
-    point_facts = [facts_for(p, m, view=view) for p, m in zip(points, measures, strict=True)]
-    health = run_health(points, measures)
+    reference = RunDirectory(run_path).load(SINGLE_STREAM_NAME, SingleStream)
+    alone = single_stream_tpot(measures, reference)
+    point_facts = [facts_for(p, m, view=view, single_stream_tpot_s=alone) for p, m in zip(points, measures, strict=True)]
+    health = run_health(points, measures, reference.failed_share if reference is not None else None)
     if not health.can_judge:
         verdicts = [no_verdict(health, f, p.label) for p, f in zip(points, point_facts, strict=True)]
         return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=point_facts[-1],
@@ -289,6 +319,11 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
     diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
     diagnosis.capacity = capacity.to_dict() if capacity is not None else None
+    if health.notes:
+        diagnosis.metrics["health_notes"] = health.notes
+        diagnosis.summary = f"{diagnosis.summary} ({'; '.join(health.notes)})"
+    if health.failures:
+        diagnosis.metrics["failures"] = health.failures
     if len(points) > 1:
         diagnosis.metrics["points"] = [
             {"label": m.label, "concurrency": m.concurrency, "bottleneck": v.bottleneck, "confidence": v.confidence}
@@ -301,6 +336,15 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     return Analysis(root=root, points=points, summary=RunSummary(parameter, measures), facts=facts,
                     diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation, capacity=capacity,
                     focus_index=focus)
+
+
+def single_stream_tpot(measures: list[PointMeasures], reference: SingleStream | None) -> float | None:
+    """One stream's median TPOT in this run: its 1-user point's (a capacity search, a sweep), else the
+    single-stream reference a one-point run took after its load."""
+    for m in measures:
+        if m.load.get("users") == 1 and m.client is not None and m.client.tpot_s:
+            return m.client.tpot_s["p50"]
+    return reference.tpot_p50_s if reference is not None else None
 
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:

@@ -14,6 +14,7 @@ model's steps are all dispatch, whatever the path.
 
 from __future__ import annotations
 
+from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
 from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY
 from reports.verdict.evidence import Facts, Rule, num, pct
 
@@ -31,7 +32,7 @@ KV_WASTE = 0.4
 # -- execution -----------------------------------------------------------------------------------
 OVERHEAD_SHARE = 0.5
 PATH_SHARE = 0.3
-FAR_FROM_ROOF = 0.3
+BATCH_FILLED = 0.6
 
 
 class EngineIdle(Rule):
@@ -231,6 +232,59 @@ class OptimizedPathRemoves(Rule):
             return f"the run used the optimized path already (decode step on {shape}: {timed})"
         return (f"on the run's decode batch ({shape}) a step took {timed}: the optimized path would remove "
                 f"{pct(value)} of the {p.run_path} step")
+
+
+class EngineBusy(Rule):
+    name = "engine_busy"
+    bottleneck = "execution"
+    threshold = ENGINE_BUSY
+    why = ("An engine stepping 90% of the window or more has no idle time left to absorb more work: what it "
+           "serves is what its steps can do. With nobody waiting for a seat or memory and its batch well used, "
+           "the work itself holds it, and only a cheaper step (another dtype, quantized weights, another path or "
+           "device) serves more.")
+
+    def value(self, facts: Facts) -> float | None:
+        return facts.server.busy_fraction if facts.server else None
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        return f"the engine was stepping {pct(value)} of the measurement window"
+
+
+class NoSeatOrMemoryWait(Rule):
+    name = "no_seat_or_memory_wait"
+    bottleneck = "execution"
+    threshold = NO_QUEUE_SHARE
+    comparison = "<="
+    why = ("Requests that wait for a seat (max_num_seqs) or for KV memory in under a tenth of the busy time are "
+           "not held by a setting of the batch or the cache; waiting on the token budget while the engine is busy "
+           "is the step's work, not a limit a bigger budget lifts.")
+
+    def value(self, facts: Facts) -> float | None:
+        s = facts.server
+        if s is None:
+            return None
+        return s.waiting_share * (s.wait_limits[LIMIT_CAP] + s.wait_limits[LIMIT_MEMORY])
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        return f"requests waited for a seat or for KV memory in {pct(value)} of the busy time"
+
+
+class BatchFilled(Rule):
+    name = "batch_filled"
+    bottleneck = "execution"
+    threshold = BATCH_FILLED
+    why = ("A batch at 60% or more of what max_num_seqs and the KV pool allow is well used: a busy engine at that "
+           "batch is held by its steps' cost; below it more users would still be batched, not slowed (the load's "
+           "limit).")
+
+    def value(self, facts: Facts) -> float | None:
+        s = facts.server
+        return s.mean_batch / s.batch_limit if s and s.batch_limit else None
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        s = facts.server
+        limit = num(s.batch_limit) if s else "n/a"
+        return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
 class FarFromRoof(Rule):

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from probes.execution_paths import PathTiming
+from probes.server_info import ServerInfo
 from reports.measures import ClientMeasures, ServerMeasures
 from reports.metric_adapters import PrometheusMeasures
 from reports.roofline import RooflineSummary
 
 if TYPE_CHECKING:
     from reports.capacity.result import Capacity
+    from reports.failures import FailureCounts
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]
 BATCHING: Bottleneck = "batching"
@@ -92,6 +94,11 @@ class Facts:
     capacity: Capacity | None = None  # after a capacity search: its experiments (reports.verdict.capacity_rules)
     execution_paths: PathTiming | None = None  # the run's path against the optimized one (engine runs)
     execution_reference: PathTiming | None = None  # the optimized path on the client's batch (outside view)
+    failures: FailureCounts | None = None  # the point's failed requests by kind (reports.failures)
+    # Median TPOT of one stream alone, in the same run: a capacity search's 1-user point, a sweep's, or the
+    # single-stream reference a one-point run takes after its load (probes.single_stream).
+    single_stream_tpot_s: float | None = None
+    server_info: ServerInfo | None = None  # what the server said of itself (llama-server's /props and /slots)
 
 
 class Rule(ABC):

@@ -7,12 +7,13 @@ by their ``name``; :func:`rule` turns a name into its rule and fails loudly on a
 
 from __future__ import annotations
 
-from reports.verdict import capacity_rules, engine_rules, external_rules
+from reports.verdict import capacity_rules, engine_rules, external_rules, overload_rules
 from reports.verdict.evidence import Rule
 
 RULES: tuple[Rule, ...] = (
     # a capacity search's experiments
     capacity_rules.CapacitySerial(),
+    capacity_rules.CapacityOneStream(),
     capacity_rules.CapacityMemory(),
     capacity_rules.CapacitySeats(),
     capacity_rules.CapacityCompute(),
@@ -28,6 +29,9 @@ RULES: tuple[Rule, ...] = (
     engine_rules.KvWaste(),
     engine_rules.HostOverhead(),
     engine_rules.OptimizedPathRemoves(),
+    engine_rules.EngineBusy(),
+    engine_rules.NoSeatOrMemoryWait(),
+    engine_rules.BatchFilled(),
     engine_rules.FarFromRoof(),
     # a server seen from outside: its /metrics, the client's timings, a sweep
     external_rules.ServerQueue(),
@@ -41,6 +45,13 @@ RULES: tuple[Rule, ...] = (
     external_rules.SweepTtftGrows(),
     external_rules.SweepTpotHolds(),
     external_rules.SlowerThanOptimized(),
+    # a server pressed by the load, from outside: how its requests failed, its streams against one alone
+    overload_rules.OverloadRefused(),
+    overload_rules.OverloadContext(),
+    overload_rules.TpotOverSingleStream(),
+    overload_rules.StreamsAllDecoding(),
+    overload_rules.ServerSlotsBusy(),
+    overload_rules.ServerWaitBeforePrompt(),
 )
 _BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 if len(_BY_NAME) != len(RULES):

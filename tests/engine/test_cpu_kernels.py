@@ -12,7 +12,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.attention import AttentionMetadata, paged_attention
-from engine.cpu_kernels import _build, cpu_kernels
+from engine.cpu_kernels import cpu_kernels
+from engine.cpu_kernels.build import build_library
 from engine.weights import load_model
 
 KERNELS, WHY = cpu_kernels()
@@ -92,7 +93,7 @@ def test_a_failed_build_says_why(tmp_path) -> None:
     compiler.write_text("#!/bin/sh\necho 'cc 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'error: no AVX here' >&2\nexit 1\n")
     compiler.chmod(0o755)
     with pytest.raises(RuntimeError, match="failed: error: no AVX here"):
-        _build(str(compiler), tmp_path / "out")
+        build_library(str(compiler), tmp_path / "out")
     assert not list((tmp_path / "out").glob("*"))  # no library and no half-written file left behind
 
 

@@ -42,8 +42,8 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     # Past twice the engine's seats extra users only queue: diagnose searches no further unless told.
     assert diagnose_max_users(parse()) == 32 and diagnose_max_users(parse("--max-num-seqs", "4")) == 8
     assert diagnose_max_users(parse("--max-num-seqs", "4", "--max-users", "12")) == 12
-    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"], ["--retest"],
-                     ["--workload", "trace:sample-mooncake"]):
+    for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"],
+                     ["--workload", "trace:sample-mooncake"], ["--retest", "--users", "8"]):
         assert not is_search(parse(*explicit)), explicit
     # A search's points end by their interval (--warmup and --duration are caps); a single point keeps its
     # fixed schedule unless asked; --interval 0 turns the rule off.
@@ -52,6 +52,8 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     assert configs_from_args(parse("--users", "8"), DIAGNOSE_DEFAULTS)[0][0].stop_rule is None
     assert configs_from_args(parse("--users", "8", "--interval", "10"), DIAGNOSE_DEFAULTS)[0][0].stop_rule == \
         StopRule(0.1)
+    # --retest alone searches first, then reruns the verdict's point with the lever pulled
+    assert is_search(parse("--retest"))
 
 
 def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:

@@ -35,13 +35,13 @@ def test_chat_sessions_need_the_chat_api_and_users() -> None:
 def test_each_turn_resends_the_history_and_hits_the_prefix_cache(tmp_path, dummy_server: ServerProcess) -> None:
     out = tmp_path / "run"
     assert main(["load", "--target", dummy_server.url, "--tokenizer", "dummy:tiny", "--workload", "chat-sessions",
-                 "--turns", str(TURNS), "--users", "2", "--duration", "4", "--warmup", "0", "--max-tokens", "16",
+                 "--turns", str(TURNS), "--users", "2", "--duration", "6", "--warmup", "0", "--max-tokens", "8",
                  "--stop-timeout", "30", "--out", str(out)]) == 0
     plan = read_plan(out / "workload.jsonl")
     rows = load_client_requests(out)
     assert rows["is_ok"].all() and len(rows) >= TURNS
     rows["turn"] = [plan[i].turn for i in rows["plan_index"]]
-    complete = 0
+    resent = 0
     for _, session in rows.groupby(["worker", "group"]):
         session = session.sort_values("turn")
         turns = list(session["turn"])
@@ -51,8 +51,10 @@ def test_each_turn_resends_the_history_and_hits_the_prefix_cache(tmp_path, dummy
             # the whole history (last prompt, its reply, the new message) is sent again
             assert prompt[k] >= prompt[k - 1] + int(session["planned_prompt_tokens"].iloc[k])
             assert cached[k] > 0, "the history is served from the prefix cache"
-        complete += len(turns) == TURNS
-    assert complete >= 1
+        resent += len(turns) >= 2
+    # A session whose second turn went out inside the window shows the resend; a whole three-turn session
+    # is not required, since on a loaded machine a turn can take seconds.
+    assert resent >= 1
     # The report's hit rate (from the responses' usage) agrees with the server's own /metrics counters.
     report = (out / "report.html").read_text()
     match = re.search(r"prefix-cache hit rate</td><td>([\d.]+)% of prompt tokens", report)

@@ -116,11 +116,18 @@ def test_diagnose_the_dummy_model(tmp_path) -> None:
     roofline = diagnosis["metrics"]["roofline"]
     assert all(roofline[k] is None or roofline[k] <= 1 for k in ("decode_mbu", "decode_mfu", "prefill_mbu",
                                                                  "prefill_mfu"))
-    # Before the load, the step calibration: both paths at several batch sizes, in the server process; the
-    # verdict reads it at the run's own decode batch.
+    # Before the load, the step calibration: the run's own way and every execution lever of this CPU at several
+    # batch sizes, in the server process; the verdict reads it at the run's own decode batch, and every lever it
+    # timed is predicted, the numeric ones with their accuracy cost.
     calibration = json.loads((out / "step_calibration.json").read_text())
-    assert calibration["run_path"] == "optimized" and set(calibration["step_s"]) == {"optimized", "eager"}
+    assert calibration["run_path"] == "optimized" and "attention_backend=torch" in calibration["step_s"]
+    assert "eager" not in calibration["step_s"]  # slower than the run's own path: not a lever
     assert calibration["batches"][0] == 1 and len(calibration["batches"]) >= 3
+    levers = {lv["lever"]: lv for lv in diagnosis["levers"]}
+    for name in calibration["step_s"]:
+        if name != "optimized":
+            assert levers[name]["predicted_gain"] is not None, name
+            assert (levers[name]["accuracy"] is not None) == levers[name]["changes_numbers"], name
     assert manifest["started_at"] >= calibration["measured_at"] and calibration["measured_at"] < load["started_at"]
     paths = diagnosis["metrics"]["execution_paths"]
     assert paths["run_path"] == "optimized" and paths["batch"] >= 1 and paths["step_s"]["optimized"] > 0

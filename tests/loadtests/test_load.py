@@ -16,6 +16,7 @@ from loadtests.run.server_process import ServerProcess
 from loadtests.workloads.arrival import OpenLoopArrivals, worker_rng
 from probes.loader import load_manifest
 from probes.run_dir import SUMMARY_NAME, RunDirectory
+from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
 from reports.summary import PointMeasures, RunSummary
 from tests.loadtests.conftest import FAST_LOAD
 from tests.loadtests.scripted_server import FINISH_TO_USAGE_S, ROLE_TO_CONTENT_S, scripted_server
@@ -37,8 +38,12 @@ def test_ttft_is_the_first_content_token_and_usage_does_not_move_the_end(tmp_pat
                      "--out", str(out)]) == 0
     rows = load_client_requests(out)
     assert len(rows) >= 1 and rows["is_ok"].all()
-    # Every response the server wrote has its row, besides the one-token probe sent before the load.
-    assert set(rows["request_id"]) <= set(server.sent) and len(server.sent) == len(rows) + 1
+    # Every response the server wrote has its row, besides the one-token probe sent before the load and the
+    # single-stream reference's requests after it (single_stream.json).
+    reference = RunDirectory(out).load(SINGLE_STREAM_NAME, SingleStream)
+    assert reference is not None and reference.num_failed == 0
+    assert set(rows["request_id"]) <= set(server.sent)
+    assert len(server.sent) == len(rows) + 1 + reference.num_requests
     for row in rows.itertuples():
         sent = server.sent[row.request_id]
         # Measured at the first text: never before the server wrote it (the role and empty chunks

@@ -1,7 +1,7 @@
 """The retest study's claims, scenario by scenario (slow: each is two full diagnose runs; run them alone).
 
 For each labelled scenario the prediction names the lever that binds, pulling it with ``--retest``
-improves output throughput by at least 10%, and the predicted throughput is within 25% of the measured.
+improves output throughput by at least 10%, and the predicted throughput is within 20% of the measured.
 """
 
 from __future__ import annotations
@@ -22,4 +22,4 @@ def test_the_named_lever_pulled_gains_as_predicted(scenario: StudyScenario, tmp_
     pull = result["pull"]
     assert pull is not None and pull["lever"] == scenario.expected_lever
     assert pull["measured_gain"] >= 1.1, pull
-    assert abs(pull["errors"]["output_throughput"]) <= 0.25, pull
+    assert abs(pull["errors"]["output_throughput"]) <= 0.20, pull

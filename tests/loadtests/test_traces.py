@@ -17,8 +17,8 @@ from loadtests.workloads.catalog import make_workload
 from loadtests.workloads.traces import MOONCAKE_BLOCK_TOKENS, read_trace, trace_path
 
 # How late a replayed request may go out after its scheduled time (the bound). NOTE: on a
-# shared 2-core machine the OS can stall the client process past it now and then (README has the
-# figures), so the bound holds for 90% of requests and a stall is bounded well below the trace's gaps.
+# shared 2-core machine the OS can stall the client process past it now and then (docs/results.md has
+# the figures), so the bound holds for 90% of requests and a stall is bounded well below the trace's gaps.
 MAX_SEND_LAG_S = 0.020
 MAX_STALL_S = 0.2
 

@@ -11,7 +11,7 @@ faster after it), so its median moves by several ms between two runs of one clie
 end-to-end median and TTFT median are what are held to ``TOLERANCE``; both ITL medians are printed.
 
 Run with ``tox -e peers`` (about 3 minutes on 2 cores). Each side's figures come from its own output
-(servescope's ``summary.json``, GuideLLM's JSON); both are printed, for README.
+(servescope's ``summary.json``, GuideLLM's JSON); both are printed, for docs/results.md.
 """
 
 from __future__ import annotations

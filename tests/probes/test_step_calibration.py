@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig
+from probes.execution_variants import ExecutionVariant
 from probes.step_calibration import StepCalibration, calibration_batches, interpolate, measure_calibration
 from tests.reports.driver import shared_model
 
@@ -27,16 +28,19 @@ def test_batch_sizes_are_powers_of_two_up_to_what_twice_the_pool_holds() -> None
     assert calibration_batches(num_kv_blocks=2, block_size=16, context=100, num_steps=28) == [1]
 
 
-def test_both_paths_are_timed_at_every_batch_size_on_the_runs_settings() -> None:
+def test_both_paths_are_timed_on_the_runs_settings() -> None:
     loaded = shared_model("dummy:tiny")
     config = EngineConfig(model="dummy:tiny", device="cpu", num_threads=1, execution="eager", max_num_seqs=2,
                           host_overhead_ms=5.0, enable_prefix_caching=False).finalize(loaded.config)
-    calibration = measure_calibration(loaded, config, context=40, batches=[1, 2, 4], repeats=2)
+    calibration = measure_calibration(loaded, config, context=40, batches=[1, 2, 4], repeats=2,
+                                      variants=[ExecutionVariant({"execution": "optimized"})])
     assert calibration.run_path == "eager" and calibration.other_path == "optimized"
     assert list(calibration.step_s) == ["eager", "optimized"]  # the run's own path first
     assert calibration.batches == [1, 2, 4] and calibration.context == 40
+    # the run's own path at every size (the seat and pool levers read its curve), a lever's at 1, 4 and the largest
+    assert calibration.batches_of("eager") == [1, 2, 4] and calibration.batches_of("optimized") == [1, 4]
     for path in ("eager", "optimized"):
-        assert len(calibration.step_s[path]) == len(calibration.forward_s[path]) == 3
+        assert len(calibration.step_s[path]) == len(calibration.forward_s[path]) == len(calibration.batches_of(path))
         assert all(0 < f <= s for f, s in zip(calibration.forward_s[path], calibration.step_s[path], strict=True))
     assert calibration.cost_s > 0
     assert calibration.prefill_tokens == 40 and set(calibration.prefill_forward_s or {}) == {"eager", "optimized"}

@@ -30,6 +30,7 @@ from loadtests.plan import PlannedRequest, write_plan
 from loadtests.run.execution_reference import measure_reference
 from loadtests.workloads.catalog import make_workload
 from probes.base import Probe
+from probes.execution_variants import execution_variants
 from probes.host import HostProbe
 from probes.manifest import RunManifest
 from probes.peaks import MachinePeaks, measure_peaks
@@ -110,22 +111,27 @@ def make_plan(engine: Any, load: Load, size: int = 256) -> list[PlannedRequest]:
 
 
 def run(out: Path, load: Load, engine: Mapping[str, Any] | None = None, kind: str = "continuous",
-        external: bool = False, metrics: bool = False, time_paths: bool = False) -> Path:
+        external: bool = False, metrics: bool = False, time_paths: bool = False,
+        execution_levers: bool = False) -> Path:
     """One load point into ``out``.
 
     ``external`` records only what a client of someone else's server has (client rows, this
     host), plus, with ``metrics``, the engine's own Prometheus ``/metrics`` scraped over HTTP.
     With ``time_paths``, as ``servescope diagnose`` and ``load`` do: before the load the step
     calibration (engine runs: both execution paths at several decode batch sizes), and after it
-    the optimized path on the batch the client saw (runs with client rows).
+    the optimized path on the batch the client saw (runs with client rows); with ``execution_levers`` the
+    calibration times every execution lever of this device too (dtype, quantized weights, attention backend).
     """
     built = build_engine(kind, engine or {})
     plan = make_plan(built, load)
     run_dir = RunDirectory.create(out)
     if time_paths and kind == "continuous" and not external:
         context = round(statistics.median(p.num_prompt_tokens + p.max_tokens / 2 for p in plan))
+        variants = execution_variants(built.config, built.config.torch_device)
+        if not execution_levers:  # NOTE: the execution path alone keeps the default test run quick
+            variants = [v for v in variants if set(v.changes) == {"execution"}]
         run_dir.save(CALIBRATION_NAME, measure_calibration(shared_model(built.config.model), built.config, context,
-                                                           repeats=2))
+                                                           repeats=2, variants=variants))
     write_plan(out / PLAN_NAME, plan)
     config = load.load_config()
     info = {"config": config.to_dict(), "server": "external" if external else "in-process",

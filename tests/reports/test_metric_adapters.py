@@ -37,6 +37,9 @@ EXPECTED = {
     "tgi": ("tgi", 2.75, 0.25, 0.25, 1871 / 4096, 3900 / 4096, None, 6),
     "llamacpp": ("llamacpp", 3.25, 1.5, 0.75, 0.6375, 0.95, None, None),
     "llamacpp-no-kv": ("llamacpp", 3.25, 1.5, 0.75, None, None, None, None),
+    # Recorded from llama-server itself (tests/peers/record_llama_server.py): idle, four requests in the four
+    # slots, after them, six requests on the four slots (two deferred). Current builds export no KV gauge.
+    "llamacpp-recorded": ("llamacpp", 2.0, 0.5, 0.25, None, None, None, None),
 }
 
 
@@ -83,6 +86,18 @@ def test_each_server_family_is_read_by_its_own_names(with_metrics, name: str) ->
     assert p.num_preemptions == preemptions
     assert measures.accounting.server_finished_requests == finished
     assert p.names["waiting"] in ADAPTERS[adapter].waiting
+
+
+def test_llama_server_counters_give_its_batch_its_token_rates_and_its_longest_sequence(with_metrics) -> None:
+    data = RunDataset.load(with_metrics("llamacpp-recorded"))
+    p = point_measures(data).prometheus
+    assert p is not None
+    # Busy slots per decode is a running mean since the start; times n_decode_total it counts busy slot-decodes,
+    # which differenced over the window's decodes give its mean batch: idle (0 x 0) to the last (2.89362 x 47).
+    assert p.mean_batch == pytest.approx((2.89362 * 47 - 0 * 0) / (47 - 0))
+    span = float(np.ptp(data.frame("prometheus")["time"].unique()))
+    assert p.output_tokens_per_s == pytest.approx(132 / span) and p.prompt_tokens_per_s == pytest.approx(440 / span)
+    assert p.max_sequence_tokens == 129  # n_tokens_max, typed a counter: parsed as llamacpp:n_tokens_max_total
 
 
 def test_unknown_names_give_no_server_measures_and_no_claim_about_the_queue(with_metrics) -> None:

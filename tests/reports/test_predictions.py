@@ -16,7 +16,7 @@ def test_a_replay_with_the_runs_own_settings_reproduces_its_throughput(name, sce
 
 # NOTE: the seat and pool scenarios (max-num-seqs-1, contiguous-small-pool) are left out: at one or two
 # sequences per step the fit cannot tell a per-sequence cost from the per-step one, and on dummy:tiny's
-# 2 ms steps the shared machine's noise decides which it gets (README, "What each lever would buy").
+# 2 ms steps the shared machine's noise decides which it gets (docs/results.md, "Predictions and `--retest`").
 @pytest.mark.parametrize("name, lever", [("host-overhead-20ms", "host_overhead"), ("one-user-thinking", "load")])
 def test_the_lever_with_the_largest_predicted_gain_leads(name, lever, scenario_dir) -> None:
     result = diagnose(scenario_dir(name))

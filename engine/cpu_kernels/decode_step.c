@@ -1,0 +1,185 @@
+/* A whole decode step of a Llama-family decoder whose projections are packed Q4_1 codes, in one call on one
+ * thread team: every layer's norms, projections (quant_gemm_team), rotary embedding, KV store, attention
+ * (paged_decode_team_*), SiLU and residual adds. Built and loaded by engine/cpu_kernels/build.py; driven
+ * by engine/cpu_kernels/decode_step.py for steps whose every row is a decode row.
+ *
+ * Why one call: a decode step of a small model is ~300 small ops (30 layers of ~10), and per op the Python
+ * dispatch and a fresh OpenMP fork cost as much as the op's arithmetic. Here each phase is an orphaned
+ * omp for of one parallel region, separated by the team's barriers.
+ *
+ * Every intermediate is stored in the model's dtype where the per-op torch path (engine/model/llama.py)
+ * stores it, and computed in float32 between, so both paths round alike (not bit for bit: expf, sqrtf and
+ * the sums' order differ from torch's).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* Everything a step reads besides its batch; built once per model (engine/cpu_kernels/decode_step.py). */
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, scale;
+    int32_t is_bf16; /* activations, norm weights and KV cache in bfloat16; else float32 */
+    const uint8_t *const *qkv, *const *o, *const *gate_up, *const *down; /* [num_layers] packed Q4 weights */
+    const void *const *input_norm, *const *post_norm;                    /* [num_layers] [hidden] */
+    const void *final_norm;                                              /* [hidden] */
+    void *const *k_cache, *const *v_cache; /* [num_layers] [blocks, block_size, KVH, D] */
+    const float *cos, *sin;                /* [positions, D / 2] float32 */
+} DecodeModel;
+
+static inline float ld(const void *p, int64_t i, int bf) {
+    return bf ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void st(void *p, int64_t i, float v, int bf) {
+    if (bf) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+static inline float rnd(float v, int bf) { return bf ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
+/* residual[m] += add[m] (when add), then normed[m] = weight * (residual[m] / rms(residual[m])). */
+static void add_rms_norm_rows(const DecodeModel *md, int64_t M, const void *add, void *residual, void *normed,
+                              const void *weight) {
+    const int bf = md->is_bf16;
+    const int64_t n = md->hidden;
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float sq = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float r = ld(residual, m * n + i, bf);
+            if (add) {
+                r = rnd(r + ld(add, m * n + i, bf), bf);
+                st(residual, m * n + i, r, bf);
+            }
+            sq += r * r;
+        }
+        const float inv = 1.0f / sqrtf(sq / (float)n + md->eps);
+        for (int64_t i = 0; i < n; i++)
+            st(normed, m * n + i, ld(weight, i, bf) * rnd(ld(residual, m * n + i, bf) * inv, bf), bf);
+    }
+}
+
+/* Rotate Q and K of each row by its position (rotate-half), Q into q [M, H, D], K and V into the cache slot. */
+static void rope_and_store(const DecodeModel *md, int64_t layer, int64_t M, const void *qkv, void *q,
+                           const int64_t *positions, const int64_t *slots) {
+    const int bf = md->is_bf16;
+    const int64_t H = md->num_heads, KVH = md->num_kv_heads, D = md->head_dim, half = D / 2;
+    const int64_t width = (H + 2 * KVH) * D, kv_row = KVH * D;
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const float *cs = md->cos + positions[m] * half, *sn = md->sin + positions[m] * half;
+        for (int64_t h = 0; h < H + KVH; h++) {
+            const int64_t src = m * width + h * D;
+            void *dst = h < H ? q : md->k_cache[layer];
+            const int64_t at = h < H ? (m * H + h) * D : slots[m] * kv_row + (h - H) * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = ld(qkv, src + i, bf), b = ld(qkv, src + half + i, bf);
+                st(dst, at + i, a * cs[i] - b * sn[i], bf);
+                st(dst, at + half + i, b * cs[i] + a * sn[i], bf);
+            }
+        }
+        const size_t elem = bf ? 2 : 4;
+        memcpy((char *)md->v_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
+               (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, (size_t)kv_row * elem);
+    }
+}
+
+/* act[m, i] = silu(gate) * up of the fused [M, 2I] gate/up output (gate first), each rounded as torch does. */
+static void silu_mul_rows(const DecodeModel *md, int64_t M, const void *gate_up, void *act) {
+    const int bf = md->is_bf16;
+    const int64_t I = md->intermediate;
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < I; i++) {
+            const float g = ld(gate_up, m * 2 * I + i, bf), u = ld(gate_up, m * 2 * I + I + i, bf);
+            st(act, m * I + i, rnd(g / (1.0f + expf(-g)), bf) * u, bf);
+        }
+}
+
+static __thread void *scratch;
+static __thread size_t scratch_bytes;
+
+static char *carve(char **p, size_t bytes) {
+    char *at = *p;
+    *p += (bytes + 63) & ~(size_t)63;
+    return at;
+}
+
+/* One decode step for M sequences. residual [M, hidden]: in, the tokens' embeddings; out, the last residual.
+ * hidden [M, hidden]: out, the final norm's output (the LM head's input). positions, slots [M]; tables
+ * [M, table_stride]; seq_lens [M] (context including this token). Returns 0, or -1 when out of memory. */
+int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, const int64_t *slots,
+                const int64_t *tables, int64_t table_stride, const int64_t *seq_lens, void *residual,
+                void *hidden, int num_threads) {
+    if (M <= 0) return 0;
+    if (num_threads < 1) num_threads = 1;
+    const int bf = md->is_bf16;
+    const size_t elem = bf ? 2 : 4;
+    const int64_t H = md->num_heads, KVH = md->num_kv_heads, D = md->head_dim, I = md->intermediate;
+    const int64_t n = md->hidden, width = (H + 2 * KVH) * D, chunk = 4 * md->block_size;
+    int64_t max_len, num_items;
+    paged_decode_plan(seq_lens, M, md->block_size, &max_len, &num_items);
+    const int64_t max_chunks = (max_len + chunk - 1) / chunk;
+    int64_t widest = n > I ? n : I;
+    widest = widest > H * D ? widest : H * D;
+    const size_t sizes[] = {
+        (size_t)(M * width) * elem,                        /* qkv */
+        (size_t)(M * H * D) * elem,                        /* q */
+        (size_t)(M * H * D) * elem,                        /* attention output */
+        (size_t)(M * n) * elem,                            /* o / down output */
+        (size_t)(M * 2 * I) * elem,                        /* gate_up */
+        (size_t)(M * I) * elem,                            /* act */
+        sizeof(int64_t) * (size_t)(2 * num_items),         /* attention items */
+        sizeof(float) * (size_t)(M * H * max_len),         /* attention scores */
+        sizeof(float) * (size_t)(M * max_chunks * H * D),  /* attention partial sums */
+        quant_scratch_bytes(M, widest, num_threads),       /* int8 activations */
+    };
+    size_t need = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) need += (sizes[i] + 63) & ~(size_t)63;
+    if (need > scratch_bytes) {
+        free(scratch);
+        scratch = aligned_alloc(64, need);
+        scratch_bytes = scratch ? need : 0;
+        if (!scratch) return -1;
+    }
+    char *p = scratch;
+    void *qkv = carve(&p, sizes[0]), *q = carve(&p, sizes[1]), *attn = carve(&p, sizes[2]);
+    void *tmp = carve(&p, sizes[3]), *gate_up = carve(&p, sizes[4]), *act = carve(&p, sizes[5]);
+    int64_t *items = (int64_t *)carve(&p, sizes[6]);
+    float *scores = (float *)carve(&p, sizes[7]), *partial = (float *)carve(&p, sizes[8]);
+    void *quant = carve(&p, sizes[9]);
+
+    #pragma omp parallel num_threads(num_threads)
+    {
+        QuantActs acts_n, acts_i, acts_hd; /* the same scratch, split for each input width */
+        float *rows_n, *rows_i, *rows_hd;
+        quant_scratch_split(quant, M, n, &acts_n, &rows_n);
+        quant_scratch_split(quant, M, I, &acts_i, &rows_i);
+        quant_scratch_split(quant, M, H * D, &acts_hd, &rows_hd);
+        add_rms_norm_rows(md, M, NULL, residual, hidden, md->input_norm[0]);
+        for (int64_t l = 0; l < md->num_layers; l++) {
+            quant_gemm_team(hidden, bf, M, n, md->qkv[l], 4, width, qkv, bf, &acts_n, rows_n);
+            rope_and_store(md, l, M, qkv, q, positions, slots);
+            if (bf)
+                paged_decode_team_bf16(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
+                                       H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
+                                       partial);
+            else
+                paged_decode_team_f32(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
+                                      H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
+                                      partial);
+            quant_gemm_team(attn, bf, M, H * D, md->o[l], 4, n, tmp, bf, &acts_hd, rows_hd);
+            add_rms_norm_rows(md, M, tmp, residual, hidden, md->post_norm[l]);
+            quant_gemm_team(hidden, bf, M, n, md->gate_up[l], 4, 2 * I, gate_up, bf, &acts_n, rows_n);
+            silu_mul_rows(md, M, gate_up, act);
+            quant_gemm_team(act, bf, M, I, md->down[l], 4, n, tmp, bf, &acts_i, rows_i);
+            const void *next = l + 1 < md->num_layers ? md->input_norm[l + 1] : md->final_norm;
+            add_rms_norm_rows(md, M, tmp, residual, hidden, next);
+        }
+    }
+    return 0;
+}

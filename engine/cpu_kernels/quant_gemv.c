@@ -1,0 +1,410 @@
+/* GEMV/GEMM of float activations with weights stored as 4-bit or 8-bit codes in groups of 32 inputs (the
+ * GGUF's Q4_1 and Q8_0), for the CPU's quantized path. Built and loaded by engine/cpu_kernels/build.py.
+ *
+ * out[m, n] = sum_k x[m, k] * w[n, k], with per group g of 32 inputs:
+ *   Q4:  w = d[n, g] * code + mn[n, g]     (code 0..15, Q4_1)
+ *   Q8:  w = d[n, g] * code                (code -127..127, Q8_0)
+ * The activations are quantized per row and group to int16 (xq = round(x * (32767 / max|x|)), step
+ * dx = max|x| * (1 / 32767)), so the dot products run on integer instructions (AVX-512 VNNI vpdpwssd: two
+ * 16-bit products per 32-bit lane; AVX2 pmaddwd; or plain C) and sum exactly in int32:
+ *   Q4:  d * dx * sum(code * xq) + mn * sum(x)      (sum(x) unquantized: the min term adds no error)
+ *   Q8:  d * dx * sum(code * xq)
+ * NOTE: 16-bit, not llama.cpp's 8-bit activations: each activation moves by at most 1/65534 of its group's
+ * largest, 256 times less than with int8, for the same weight bytes. A decode step is bound by reading the
+ * weights, so the extra instructions cost no time there (tests/benchmarks/quant_gemm.py measures it).
+ *
+ * Packed weight layout (engine/cpu_kernels/quant_pack.py writes it): output rows in tiles of 16 (rows padded
+ * with zeros to a multiple of 16), one record per (tile, group), records ordered tile-major so one thread
+ * streams its tiles' bytes in order. Codes sit so that widening a 64-byte block with unpacklo/unpackhi (which
+ * work per 128-bit lane) leaves each 32-bit lane holding one output row's two 16-bit codes k, k + 1: for row
+ * r = 4L + i, byte 16L + 2i + e holds code pair 0 of the block, byte 16L + 8 + 2i + e pair 1 (e = 0, 1).
+ *   Q4 record (320 bytes = 16 rows x 20, Q4_1's own size): 4 blocks p of 64 bytes whose bytes are Q4_1's own
+ *     (low nibble code c, high nibble code c + 16), c = 4p + e in pair 0 and c = 4p + 2 + e in pair 1;
+ *     then d[16] float16, mn[16] float16.
+ *   Q8 record (544 bytes = 16 rows x 34, Q8_0's own size): 8 blocks q of 64 signed codes, k = 4q + e in pair 0,
+ *     k = 4q + 2 + e in pair 1; then d[16] float16.
+ * The AVX2 and C builds read the same layout (AVX2 as two halves of 8 rows).
+ * NOTE: the activations' quantization is the same in every build (the same float operations rounded the same
+ * way) and the integer sums are exact, so every build gives the same outputs.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+static inline int omp_team_size(void) { return omp_get_num_threads(); }
+#else
+static inline int omp_team_size(void) { return 1; }
+#endif
+
+#include "kernels.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define QG_AVX512_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define QG_AVX2 1
+#endif
+
+#define TILE 16
+#define GROUP 32
+#define Q4_RECORD 320
+#define Q8_RECORD 544
+/* Activation rows sharing one widened tile group: its 16 registers plus one accumulator per row stay in
+ * registers (AVX-512 has 32; AVX2's 16 spill anyway, so it keeps blocks small). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define MBLOCK 8
+#else
+#define MBLOCK 4
+#endif
+
+const char *quant_gemv_isa(void) {
+#if defined(QG_AVX512_VNNI)
+    return "avx512-vnni";
+#elif defined(QG_AVX2)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+
+static inline float f16_to_f32(uint16_t h) {
+#if defined(QG_AVX512_VNNI) || defined(QG_AVX2)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    union { uint32_t u; float f; } v;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+        v.f = (float)man * 5.9604644775390625e-08f;
+        v.u |= sign;
+    } else if (exp == 31) {
+        v.u = sign | 0x7f800000u | (man << 13);
+    } else {
+        v.u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    return v.f;
+#endif
+}
+
+
+static void quantize_row(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        float amax = 0.0f, sum = 0.0f;
+        for (int k = 0; k < GROUP; k++) {
+            const float a = fabsf(xg[k]);
+            amax = a > amax ? a : amax;
+            sum += xg[k];
+        }
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int k = 0; k < GROUP; k++) xq[g * GROUP + k] = (int16_t)nearbyintf(xg[k] * inv);
+        dx[g] = amax * (1.0f / 32767.0f); /* NOTE: as written: the build's -freciprocal-math would make a
+                                              * division this multiplication anyway, the tests' reference does it */
+        sx[g] = sum;
+    }
+}
+
+/* Row m of x (float32 or bfloat16) into QuantActs; `row` is K floats of scratch. */
+static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, const QuantActs *a, float *row) {
+    const float *src;
+    if (x_bf16) {
+        const uint16_t *xb = (const uint16_t *)x + m * K;
+        for (int64_t k = 0; k < K; k++) row[k] = bf16_to_f32(xb[k]);
+        src = row;
+    } else {
+        src = (const float *)x + m * K;
+    }
+    const int64_t G = K / GROUP;
+    quantize_row(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
+}
+
+static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int64_t m0, int64_t n0, int64_t N,
+                              void *out, int out_bf16) {
+    const int64_t valid = N - n0 < TILE ? N - n0 : TILE;
+    for (int i = 0; i < rows; i++) {
+        if (out_bf16) {
+            uint16_t *o = (uint16_t *)out + (m0 + i) * N + n0;
+            for (int64_t r = 0; r < valid; r++) o[r] = f32_to_bf16(acc[i * TILE + r]);
+        } else {
+            float *o = (float *)out + (m0 + i) * N + n0;
+            for (int64_t r = 0; r < valid; r++) o[r] = acc[i * TILE + r];
+        }
+    }
+}
+
+#if defined(QG_AVX512_VNNI)
+
+static inline __m512i bcast_pair(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* u[j] lane r: row r's codes 2j, 2j + 1 as 16-bit words (j < 16). */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, __m512i u[16]) {
+    const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        const __m512i packed = _mm512_loadu_si512(rec + 64 * p);
+        const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm512_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm512_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm512_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm512_unpackhi_epi8(hi, zero);
+    }
+}
+
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, __m512i u[16]) {
+    for (int q = 0; q < 8; q++) {
+        const __m512i codes = _mm512_loadu_si512(rec + 64 * q);
+        const __m512i sign = _mm512_movm_epi8(_mm512_movepi8_mask(codes));
+        u[2 * q] = _mm512_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm512_unpackhi_epi8(codes, sign);
+    }
+}
+
+/* sum over the group of code * xq, per row (lane); two chains so one activation row is not latency-bound. */
+static inline __attribute__((always_inline)) __m512i dot16(const __m512i u[16], const int16_t *xq) {
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    for (int j = 0; j < 16; j += 2) {
+        a = _mm512_dpwssd_epi32(a, u[j], bcast_pair(xq + 2 * j));
+        b = _mm512_dpwssd_epi32(b, u[j + 1], bcast_pair(xq + 2 * j + 2));
+    }
+    return _mm512_add_epi32(a, b);
+}
+
+/* One tile, activation rows m0 .. m0 + MB - 1 (MB a constant at every call site), into acc_out [MB][16]. */
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
+    __m512 acc[MBLOCK];
+    for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        __m512i u[16];
+        __m512 d, mn = _mm512_setzero_ps();
+        if (bits == 4) {
+            q4_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
+            mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
+        } else {
+            q8_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        }
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const __m512i dot = dot16(u, a->xq + m * K + g * GROUP);
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[m * G + g]));
+            acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[i]);
+            if (bits == 4) acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->sx[m * G + g]), acc[i]);
+        }
+    }
+    for (int i = 0; i < MB; i++) _mm512_storeu_ps(acc_out + i * TILE, acc[i]);
+}
+
+#elif defined(QG_AVX2)
+
+static inline __m256i bcast_pair(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Half h (rows 8h .. 8h + 7) of the tile: the same layout, 32 of each block's 64 bytes. */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+        const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm256_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm256_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm256_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm256_unpackhi_epi8(hi, zero);
+    }
+}
+
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        const __m256i codes = _mm256_loadu_si256((const __m256i *)(rec + 64 * q + 32 * h));
+        const __m256i sign = _mm256_cmpgt_epi8(zero, codes);
+        u[2 * q] = _mm256_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm256_unpackhi_epi8(codes, sign);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
+    __m256 acc[MBLOCK][2];
+    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        for (int h = 0; h < 2; h++) {
+            __m256i u[16];
+            __m256 d, mn = _mm256_setzero_ps();
+            if (bits == 4) {
+                q4_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+                mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            } else {
+                q8_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + 16 * h)));
+            }
+            for (int i = 0; i < MB; i++) {
+                const int64_t m = m0 + i;
+                const int16_t *xq = a->xq + m * K + g * GROUP;
+                __m256i dot = _mm256_setzero_si256();
+                for (int j = 0; j < 16; j++) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(u[j], bcast_pair(xq + 2 * j)));
+                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
+                acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
+                if (bits == 4) acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) {
+        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
+        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
+    }
+}
+
+#else /* plain C */
+
+/* Byte of row r's pair-ordered code k within a block of 64 (k < 4: pair 0 at e = k, pair 1 at e = k - 2). */
+static inline int code_byte(int r, int k) {
+    return 16 * (r / 4) + (k < 2 ? 0 : 8) + 2 * (r % 4) + (k % 2);
+}
+
+static inline int32_t code_at(const uint8_t *rec, int bits, int r, int k) {
+    if (bits == 8) return (int8_t)rec[64 * (k / 4) + code_byte(r, k % 4)];
+    const int c = k % 16;
+    const uint8_t byte = rec[64 * (c / 4) + code_byte(r, c % 4)];
+    return k < 16 ? (byte & 0x0f) : (byte >> 4);
+}
+
+static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const QuantActs *a, int64_t K, int64_t m0,
+                             int MB, float *acc_out) {
+    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        const uint16_t *dh = (const uint16_t *)(rec + (bits == 4 ? 256 : 512)), *mh = (const uint16_t *)(rec + 288);
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const int16_t *xq = a->xq + m * K + g * GROUP;
+            for (int r = 0; r < TILE; r++) {
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += code_at(rec, bits, r, k) * xq[k];
+                float *acc = acc_out + i * TILE + r;
+                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
+                if (bits == 4) *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
+            }
+        }
+    }
+}
+
+#endif
+
+#define TILE_CASE(BITS, ROWS) \
+    case ROWS: gemm_tile(rec, BITS, G, acts, K, m0, ROWS, acc); break;
+#if MBLOCK == 8
+#define TILE_CASES(BITS) TILE_CASE(BITS, 8) TILE_CASE(BITS, 7) TILE_CASE(BITS, 6) TILE_CASE(BITS, 5) \
+    TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#else
+#define TILE_CASES(BITS) TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#endif
+
+/* `rows` (1 .. MBLOCK) activation rows from m0 through one tile. NOTE: each case passes constants, so it
+ * compiles to its own unrolled tile with its accumulators in registers. */
+static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *acts, int64_t K, int64_t m0,
+                      int rows, float *acc) {
+    if (bits == 4) {
+        switch (rows) { TILE_CASES(4) default: break; }
+    } else {
+        switch (rows) { TILE_CASES(8) default: break; }
+    }
+}
+
+/* Inside a running thread team (orphaned omp for): quantize x's rows into `acts`, then every tile. `rows` is
+ * K floats of scratch per thread of the team. Ends on the team's barrier: `out` is complete on return. */
+void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
+                     void *out, int out_bf16, const QuantActs *acts, float *rows) {
+    const int64_t G = K / GROUP, num_tiles = (N + TILE - 1) / TILE;
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+#ifdef _OPENMP
+    float *row = rows + (int64_t)omp_get_thread_num() * K;
+#else
+    float *row = rows;
+#endif
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, acts, row);
+    /* NOTE: dynamic, in chunks of a few tiles: a thread the OS preempts (on a 2-core machine the HTTP server
+     * and anything else compete with the team) leaves its tiles to the others instead of stalling the step. */
+    const int num_threads = omp_team_size();
+    const int64_t chunk = num_tiles / (num_threads * 16) > 1 ? num_tiles / (num_threads * 16) : 1;
+    #pragma omp for schedule(dynamic, chunk)
+    for (int64_t t = 0; t < num_tiles; t++) {
+        const uint8_t *rec = packed + (size_t)(t * G) * record;
+        float acc[MBLOCK * TILE] __attribute__((aligned(64)));
+        for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
+            const int64_t left = M - m0;
+            tile_rows(rec, bits, G, acts, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
+            store_rows(acc, left >= MBLOCK ? MBLOCK : (int)left, m0, t * TILE, N, out, out_bf16);
+        }
+    }
+}
+
+/* Bytes of scratch quant_gemm_team needs for M rows of K inputs on `threads` threads. */
+size_t quant_scratch_bytes(int64_t M, int64_t K, int threads) {
+    const int64_t G = K / GROUP;
+    return ((2 * (size_t)(M * K) + 63) & ~(size_t)63) + 2 * sizeof(float) * (size_t)(M * G)
+           + sizeof(float) * (size_t)(threads * K);
+}
+
+/* Carve `scratch` (quant_scratch_bytes of it, 64-byte aligned) into the activations and per-thread rows. */
+void quant_scratch_split(void *scratch, int64_t M, int64_t K, QuantActs *a, float **rows) {
+    const int64_t G = K / GROUP;
+    char *p = scratch;
+    a->xq = (int16_t *)p;
+    a->dx = (float *)(p + ((2 * (size_t)(M * K) + 63) & ~(size_t)63));
+    a->sx = a->dx + M * G;
+    *rows = (float *)(a->sx + M * G);
+}
+
+/* The activations' scratch of quant_gemm, per calling thread, grown on demand and kept (a step calls it often). */
+static __thread void *scratch;
+static __thread size_t scratch_bytes;
+
+/* x [M, K] (float32, or bfloat16 when x_bf16) times the packed [N, K] weight (bits 4 or 8) into out [M, N]
+ * (float32, or bfloat16 when out_bf16). Threads quantize rows, then take whole tiles. Returns 0, or -1 when
+ * the scratch cannot be allocated, -2 for a bad argument. */
+int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
+               void *out, int out_bf16, int num_threads) {
+    if (K % GROUP || (bits != 4 && bits != 8) || M < 0 || N < 0) return -2;
+    if (M == 0 || N == 0) return 0;
+    if (num_threads < 1) num_threads = 1;
+    const size_t need = quant_scratch_bytes(M, K, num_threads);
+    if (need > scratch_bytes) {
+        free(scratch);
+        scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
+        scratch_bytes = scratch ? need : 0;
+        if (!scratch) return -1;
+    }
+    QuantActs acts;
+    float *rows;
+    quant_scratch_split(scratch, M, K, &acts, &rows);
+    #pragma omp parallel num_threads(num_threads)
+    quant_gemm_team(x, x_bf16, M, K, packed, bits, N, out, out_bf16, &acts, rows);
+    return 0;
+}
+
+/* The activation quantization alone, for tests: xq [M, K] int16, dx and sx [M, K / 32] float32. */
+int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int16_t *xq, float *dx, float *sx) {
+    if (K % GROUP) return -2;
+    float *row = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
+    if (!row) return -1;
+    const QuantActs a = {xq, dx, sx};
+    for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, &a, row);
+    free(row);
+    return 0;
+}

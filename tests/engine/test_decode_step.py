@@ -1,0 +1,104 @@
+"""The fused decode step (engine/cpu_kernels/decode_step.c) against the model's own layer-by-layer forward.
+
+Both run the same quantized GEMM, so they differ only where the C step's norms, rotary embedding and SiLU
+sum or round in another order than torch, and where such a last-bit difference moves an activation across
+a rounding boundary of the GEMM's 16-bit activations (one step is 1/32767 of its group's largest): in
+float32 by about that step, in bfloat16 by at most a few bfloat16 steps. Batches mix context lengths, GQA heads (dummy:tiny has 4 query heads over 2 KV heads) and
+block boundaries; the engine's tokens with and without the fused step must be the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.cpu_kernels import cpu_kernels
+from engine.cpu_kernels.decode_step import why_not_fused
+from engine.weights import load_model
+
+KERNELS, WHY = cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"the CPU kernels cannot be built here: {WHY}")
+PROMPTS = [[5, 6, 7], [100] * 20, [300, 2, 9, 9] * 5, [1] * 37, list(range(40, 57))]
+
+
+def _llm(dtype: str, **overrides: object) -> LLM:
+    loaded = load_model("dummy:tiny", getattr(torch, dtype))
+    return LLM("dummy:tiny", loaded=loaded, dtype=dtype, weights="int4", device="cpu", block_size=8, **overrides)
+
+
+def _decode_step_both_ways(llm: LLM) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first all-decode step of the prompts' generation, through both paths on the same inputs."""
+    runner = llm.engine.runner
+    execute = runner.execute
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def both_ways(out):  # noqa: ANN001, ANN202
+        inputs = runner.prepare_inputs(out)
+        if not seen and not inputs.meta.prefill_ids and inputs.meta.num_seqs == len(PROMPTS):
+            with torch.inference_mode():
+                # NOTE: both write this step's K/V into the same cache slots, with the same values
+                layered = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
+                seen.append((runner.fused_decode.run(inputs.input_ids, inputs.positions, inputs.meta), layered))
+        return execute(out)
+
+    runner.execute = both_ways
+    llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
+    assert seen, "no step decoded every prompt at once"
+    return seen[0]
+
+
+def test_an_int4_model_on_the_optimized_cpu_path_gets_the_fused_step() -> None:
+    assert _llm("bfloat16").engine.runner.fused_decode is not None
+    assert _llm("bfloat16", execution="eager").engine.runner.fused_decode is None
+    dense = LLM("dummy:tiny", loaded=load_model("dummy:tiny"), device="cpu")
+    assert dense.engine.runner.fused_decode is None
+    assert "not int4-kernel" in str(why_not_fused(dense.engine.runner.model, dense.engine.runner.kv_caches))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_step_gives_the_layered_forwards_hidden_states(dtype: str) -> None:
+    fused, layered = _decode_step_both_ways(_llm(dtype))
+    assert fused.dtype == layered.dtype and fused.shape == layered.shape
+    scale = float(layered.float().abs().max())
+    if dtype == "float32":  # a few 16-bit activation steps, through two layers
+        torch.testing.assert_close(fused, layered, rtol=0, atol=1e-3 * scale)
+    else:  # a few bfloat16 steps (2^-8 relative each) where a rounding lands the other way
+        torch.testing.assert_close(fused.float(), layered.float(), rtol=0.03, atol=0.03)
+
+
+def test_engine_tokens_are_the_same_with_and_without_the_fused_step() -> None:
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    fused = _llm("float32")
+    layered = _llm("float32")
+    layered.engine.runner.fused_decode = None
+    assert [o.token_ids for o in fused.generate(PROMPTS, params)] == \
+        [o.token_ids for o in layered.generate(PROMPTS, params)]
+
+
+def test_int4_dense_rows_gives_every_projection_a_dense_copy_and_the_same_tokens() -> None:
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    plain = _llm("float32")
+    with_copy = _llm("float32", int4_dense_rows=16)
+    layer = with_copy.engine.runner.model.model.layers[0]
+    assert layer.mlp.down_proj.dense is not None and layer.mlp.down_proj.dense_from_rows == 16
+    assert plain.engine.runner.model.model.layers[0].mlp.down_proj.dense is None
+    # prompts of 17+ tokens take the dense copy: float32 GEMMs of the same weights, so the same greedy tokens
+    assert [o.token_ids for o in with_copy.generate(PROMPTS, params)] == \
+        [o.token_ids for o in plain.generate(PROMPTS, params)]
+
+
+def test_the_dense_copy_is_kept_by_default_only_where_bfloat16_gemms_are_native() -> None:
+    from engine.model.kernel_projection import BF16_DENSE_FROM_ROWS
+    from engine.model.projection import native_bf16_gemm
+
+    def down(llm: LLM):  # noqa: ANN202
+        return llm.engine.runner.model.model.layers[0].mlp.down_proj
+
+    bf16 = down(_llm("bfloat16"))
+    if native_bf16_gemm() is not None:
+        assert bf16.dense is not None and bf16.dense_from_rows == BF16_DENSE_FROM_ROWS
+    else:
+        assert bf16.dense is None
+    assert down(_llm("float32")).dense is None
+    assert down(_llm("bfloat16", int4_dense_rows=100_000)).dense is None  # beyond the token budget: no copy

@@ -1,0 +1,43 @@
+"""The execution levers a run is offered: only what the device runs natively, each with its flags and name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import EngineConfig
+from probes import execution_variants as ev
+from probes.execution_variants import ExecutionVariant, execution_variants
+
+CPU = torch.device("cpu")
+
+
+def names(config: EngineConfig) -> list[str]:
+    return [v.name for v in execution_variants(config, CPU)]
+
+
+def test_a_cpu_with_native_bfloat16_is_offered_bfloat16_and_quantized_weights_with_bfloat16_activations(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32", "bfloat16"))
+    assert names(EngineConfig()) == ["dtype=bfloat16", "dtype=bfloat16,weights=int8", "dtype=bfloat16,weights=int4",
+                                     "attention_backend=torch"]
+    # an eager run is offered the optimized path first, and the C kernel as its attention
+    assert names(EngineConfig(execution="eager"))[0] == "optimized"
+    assert names(EngineConfig(execution="eager"))[-1] == "attention_backend=cpu"
+    # a bfloat16 run keeps its dtype: no wider dtype, quantized weights in bfloat16
+    assert names(EngineConfig(dtype="bfloat16")) == ["weights=int8", "weights=int4", "attention_backend=torch"]
+    assert names(EngineConfig(dtype="bfloat16", weights="int8")) == ["weights=int4", "attention_backend=torch"]
+
+
+def test_a_cpu_that_would_emulate_bfloat16_is_offered_neither_it_nor_quantized_weights(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32",))
+    assert names(EngineConfig()) == ["attention_backend=torch"]
+
+
+def test_a_variant_names_its_flags_and_whether_it_changes_the_numbers() -> None:
+    int4 = ExecutionVariant({"dtype": "bfloat16", "weights": "int4"})
+    assert int4.flags == "--dtype bfloat16 --weights int4" and int4.changes_numbers
+    backend = ExecutionVariant({"attention_backend": "torch"})
+    assert backend.flags == "--attention-backend torch" and not backend.changes_numbers
+    assert ExecutionVariant({"execution": "optimized"}).name == "optimized"
