@@ -17,6 +17,7 @@ from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatc
 from engine.model.projection import native_bf16_gemm
 from engine.weights import LoadedModel, load_model
 from loadtests.workloads.catalog import WORKLOADS, WorkItem, make_workload
+from reports.whole_table import print_whole
 
 # Each bench engine: how to build it from the shared config and the weights already in memory.
 EngineFactory = Callable[[EngineConfig, LoadedModel], object]
@@ -182,7 +183,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       f"{row['mean_batch_size']:.1f}", str(row["peak_concurrent_seqs"]),
                       f"{row['kv_waste_fraction']:.1%}", str(row["num_preemptions"]),
                       *(f"{r:.2f}" for r in ratios))
-    Console().print(table)
+    print_whole(Console(), table)
     return 0
 
 

@@ -21,9 +21,12 @@ from pathlib import Path
 from rich.console import Console
 
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
+from loadtests.errors import RunFailedError
 from probes.manifest import RunStatus
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from reports.capacity.interval import RateInterval
+from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import (
     UNQUEUED_DECODING_SHARE,
     CapacitySearch,
@@ -55,6 +58,20 @@ class _Measured:
     users: int
     output_tokens_per_s: float
     slo_ok: bool | None  # None without an SLO
+    interval: RateInterval | None = None
+    measured_s: float | None = None
+    other_cpu_cores: float | None = None
+
+    def words(self) -> str:
+        """``8 users: 96.5 ± 3.1 output tok/s (95%: 93.4-99.6, 24 s measured)``."""
+        i = self.interval
+        if i is None:
+            return f"{self.users} users: {self.output_tokens_per_s:.1f} output tok/s"
+        busy = (f"; other processes took {self.other_cpu_cores:.1f} cores"
+                if (self.other_cpu_cores or 0) >= BUSY_CORES else "")
+        return (f"{self.users} users: {self.output_tokens_per_s:.1f} ± {i.half_width:.1f} output tok/s "
+                f"({i.confidence:.0%}: {i.low:.1f}-{i.high:.1f}"
+                + (f", {self.measured_s:.0f} s measured" if self.measured_s is not None else "") + busy + ")")
 
 
 def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Console, *,
@@ -79,7 +96,9 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
     measured: dict[int, _Measured] = {}
 
     def run(users: int) -> _Measured | None:
-        config = dataclasses.replace(base.at_point("users", users), seed=base.seed + len(search.order))
+        # NOTE: every point sends the same seeded request sequence, so which prompts land in a window differs
+        # between points (and between runs) only by how fast they are served, not by the draw.
+        config = base.at_point("users", users)
         run_dir = out / config.point_name
         console.rule(f"capacity search: {users} user{'s' if users > 1 else ''}")
         run_at(config, run_dir)
@@ -94,8 +113,8 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         point, failed = _measure(run_dir, search.slo_attainment)
         if point is not None:
             measured[users] = point
-            console.print(f"{users} users: {point.output_tokens_per_s:.1f} output tok/s"
-                          + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"))
+            console.print(point.words() + ("" if point.slo_ok is None else f", SLO {'held' if point.slo_ok else 'missed'}"),
+                          highlight=False)
         if point is not None and failed is not None and search.failed_at is None:
             search.failed_at = {"users": users, "dir": config.point_name, "why": failed}
             console.print(f"{users} users: {failed}: read as overload, the limit this load found")
@@ -109,6 +128,13 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped = (f"users-{users} was {search.overloaded[-1]['why']}; the search stopped there and "
                               f"judges the points before it")
             break
+        if point is None and not search.order:
+            # NOTE: nothing measured at all (its one point overloaded): no report to write, so say it here.
+            search.stopped = f"users-{users} was {search.overloaded[-1]['why']}; nothing was measured"
+            _save(out, search)
+            raise RunFailedError(f"the capacity search in {out} measured nothing: its first point, users-{users}, was "
+                                 f"{search.overloaded[-1]['why']}; is the machine busy? (see "
+                                 f"{out / f'users-{users}' / 'locust.log'})")
         if point is None:
             search.stopped = f"users-{users} could not be judged (see its failures); the search stopped there"
             return _save(out, search)
@@ -220,7 +246,8 @@ def _measure(run_dir: Path, slo_attainment: float) -> tuple[_Measured | None, st
     point = capacity_point(data, measures)
     slo_ok = None if point.slo_attainment is None else point.slo_attainment["value"] >= slo_attainment
     failed = counts.describe() if verdict == "overload" and counts is not None else None
-    return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok), failed
+    return _Measured(point.users, point.output_tokens_per_s or 0.0, slo_ok, point.interval, point.measured_s,
+                     point.other_cpu_cores), failed
 
 
 def verdict_users(out: Path, search: CapacitySearch) -> int:

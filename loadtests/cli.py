@@ -31,6 +31,7 @@ from loadtests.config import (
     DEFAULT_WORKER_WAIT_S,
     LoadConfig,
     MasterConfig,
+    StopRule,
     parse_slo,
     parse_sweep,
 )
@@ -47,12 +48,13 @@ DESCRIPTION = ("servescope answers why an LLM inference server is not faster, an
                "KV cache or execution) with the evidence, and predicts what each lever would buy.")
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
-# a capacity search whose points are sized to finish in about 3.5 minutes on 2 CPU cores. ``users``,
-# ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search point's.
+# a capacity search whose points are capped to finish in about 5 minutes on 2 CPU cores (8 points of at
+# most 10 s warm-up + 20 s measured + the drain). ``users``, ``duration`` and ``warmup`` are a single
+# point's (--users, --ablate); ``search_*`` each search point's caps and interval target (--interval).
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
-                     "search_duration": 12.0, "search_warmup": 3.0}
+                     "search_duration": 20.0, "search_warmup": 10.0, "search_interval": 5.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
-                 "search_duration": 20.0, "search_warmup": 5.0}
+                 "search_duration": 45.0, "search_warmup": 20.0, "search_interval": 5.0}
 # diagnose searches up to this many times the engine's seats (--max-num-seqs) unless --max-users says
 SEATS_MULTIPLE = 2
 # A trace run lasts until its last arrival plus this, so the last request is inside the deadline.
@@ -72,11 +74,17 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
                          help="open loop: Poisson arrivals at R requests/s, whatever the server does")
     g.add_argument("--duration", type=float, default=None,
                    help=f"seconds of measured load after the warm-up, per point (default {defaults['duration']:g}; "
-                        f"a capacity search: {defaults['search_duration']:g}; a trace: until its last request)")
+                        f"a trace: until its last request); with --interval the most a point measures (a capacity "
+                        f"search: {defaults['search_duration']:g})")
     g.add_argument("--warmup", type=float, default=None,
                    help=f"seconds of load first whose requests are recorded but left out of the statistics "
-                        f"(default {defaults['warmup']:g}; a capacity search: {defaults['search_warmup']:g}; "
-                        f"a trace: 0)")
+                        f"(default {defaults['warmup']:g}; a trace: 0); with --interval the longest a point waits "
+                        f"for its load to steady (a capacity search: {defaults['search_warmup']:g})")
+    g.add_argument("--interval", type=float, default=None, metavar="PCT",
+                   help=f"a point starts measuring once its load is steady and ends once the 95%% interval of its "
+                        f"output tokens/s is within ±PCT%% of it, or at --warmup/--duration (default: "
+                        f"{defaults['search_interval']:g} in a capacity search, else off; 0: off, a fixed --warmup "
+                        f"and --duration)")
     g.add_argument("--max-users", type=int, default=None,
                    help=f"capacity search: the most users it may try (default {DEFAULT_MAX_USERS}; diagnose: at most "
                         f"{SEATS_MULTIPLE}x --max-num-seqs, past which extra users only wait in the engine's queue)")
@@ -163,11 +171,12 @@ def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tup
     users, rate = args.users, args.rate
     sweep = parse_sweep(args.sweep) if args.sweep else None
     trace = is_trace(args.workload)
-    duration, warmup = args.duration, args.warmup
+    duration, warmup, interval = args.duration, args.warmup, args.interval
     if is_search(args):
         users = 1
         duration = defaults["search_duration"] if duration is None else duration
         warmup = defaults["search_warmup"] if warmup is None else warmup
+        interval = defaults["search_interval"] if interval is None else interval
     if trace:
         if sweep is not None:
             raise ValueError("a trace replays its own arrivals: drop --sweep")
@@ -189,10 +198,19 @@ def configs_from_args(args: argparse.Namespace, defaults: dict[str, Any]) -> tup
         api=args.api or ("chat" if args.workload == "chat-sessions" else "completions"),
         slo=parse_slo(args.slo) if args.slo else {}, stop_timeout_s=args.stop_timeout,
         time_scale=args.time_scale, max_requests=args.max_requests,
+        stop_rule=StopRule(interval / 100) if interval else None,
     )
     if sweep is None:
         return [base], None
     return [base.at_point(sweep[0], value) for value in sweep[1]], sweep
+
+
+def schedule_words(config: LoadConfig) -> str:
+    """How long each point runs, in words."""
+    if config.stop_rule is None:
+        return f"{config.warmup_s:g} s warm-up + {config.duration_s:g} s per point"
+    return (f"each point measured once steady (warm-up at most {config.warmup_s:g} s) until its output tok/s is "
+            f"known within ±{config.stop_rule.target:.0%} (95%), at most {config.duration_s:g} s")
 
 
 def _out_dir(args: argparse.Namespace, command: str) -> Path:
@@ -228,8 +246,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     points = ("a capacity search (users 1, 2, 4, ... while throughput rises)" if is_search(args)
               else ", ".join(c.point_name for c in configs))
-    console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, {points}, {configs[0].warmup_s:g} s "
-                  f"warm-up + {configs[0].duration_s:g} s per point -> {out}")
+    console.print(f"servescope diagnose: {args.model}, {configs[0].workload}, {points}, {schedule_words(configs[0])} "
+                  f"-> {out}")
     try:
         if args.retest is not None:
             if sweep is not None:

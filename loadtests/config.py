@@ -43,6 +43,24 @@ class MasterConfig:
             raise ValueError(f"the wait for workers must be a positive number of seconds, got {self.wait_s}")
 
 
+# Seconds past its caps (warm-up + duration) a controlled point's users go on when no stop came (a lost
+# orchestrator); the orchestrator itself stops every point within its caps.
+CONTROL_SLACK_S = 10.0
+
+
+@dataclass(slots=True, frozen=True)
+class StopRule:
+    """A point that ends once its throughput is known well enough (:mod:`loadtests.point_stop`): when the 95%
+    interval of its output tokens/s is within ``target`` of the value (0.05: within ±5%). It starts measuring
+    once its load is steady; ``LoadConfig.warmup_s`` and ``duration_s`` are then caps, not lengths."""
+
+    target: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target < 1:
+            raise ValueError(f"the interval target must be a share between 0 and 1 (0.05: ±5%), got {self.target}")
+
+
 @dataclass(slots=True)
 class LoadConfig:
     """What load to offer: the arrival process, the workload, how long, and what counts as good.
@@ -76,11 +94,16 @@ class LoadConfig:
     turns: int = 4  # chat-sessions: user turns per session
     token_scale: float = 1.0  # multiplies each request's prompt and output tokens (capacity's tokens experiment)
     master: MasterConfig | None = None  # None: Locust's workers run here (--processes)
+    stop_rule: StopRule | None = None  # None: a fixed warm-up and duration
 
     def __post_init__(self) -> None:
         check_workload_name(self.workload)
         if isinstance(self.master, dict):  # read back from load.json
             self.master = MasterConfig(**self.master)
+        if isinstance(self.stop_rule, dict):
+            self.stop_rule = StopRule(**self.stop_rule)
+        if self.stop_rule is not None and self.is_trace:
+            raise ValueError("a trace replays its own arrivals to the end: it takes no stopping rule (--interval)")
         if self.is_trace:
             if self.users is not None or self.rate is not None:
                 raise ValueError("a trace sets its own arrival times: drop --users/--rate (use --time-scale)")
@@ -168,7 +191,8 @@ class LoadConfig:
 
     @property
     def run_time_s(self) -> float:
-        return self.warmup_s + self.duration_s
+        """The longest the load sends: warm-up + duration, and a controlled point's slack past its caps."""
+        return self.warmup_s + self.duration_s + (CONTROL_SLACK_S if self.stop_rule is not None else 0.0)
 
     def plan_size(self) -> int:
         """How many distinct requests to prepare; workers cycle through them if they send more.

@@ -33,6 +33,8 @@ With a plan the orchestrator wrote (``RUN/workload.jsonl``), the run follows its
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,8 @@ from loadtests.client import web_ui
 from loadtests.client.collector import WorkerCollector
 from loadtests.client.health import HealthSampler, health_path
 from loadtests.client.load_context import API_PATHS, LoadContext, worker_name
+from loadtests.client.point_control import CONTROL_MESSAGE, PointControl, read_control
+from loadtests.client.point_control import POLL_S as CONTROL_POLL_S
 from loadtests.client.records import Journal, LineFile, LineSink
 from loadtests.client.relay import HEALTH, PLAN_MESSAGE, REQUESTS, RowRelay, decode_plan
 from loadtests.client.users import CONTEXT_ATTRIBUTE, ChatSessionUser, LLMUser, OpenLoopUser, TraceUser
@@ -64,6 +68,9 @@ PLAIN_ATTRIBUTE = "servescope_plain_runs"
 WORKER_ATTRIBUTE = "servescope_worker_run"
 COLLECTOR_ATTRIBUTE = "servescope_collector"
 PLAN_ATTRIBUTE = "servescope_plan"
+FORWARD_ATTRIBUTE = "servescope_control_forward"
+# Seconds between a master's repeats of the current point control to its workers.
+CONTROL_REPEAT_S = 1.0
 # Seconds to let a last stats report (worker -> master) or CSV write (master, local) happen.
 REPORT_SETTLE_S = WORKER_REPORT_INTERVAL + 0.5
 CSV_SETTLE_S = CSV_STATS_INTERVAL_SEC + 0.5
@@ -112,6 +119,9 @@ def _add_arguments(parser: Any) -> None:
     g.add_argument("--ss-ignore-eos", type=int, default=1, help="1: ask for exactly max_tokens tokens")
     g.add_argument("--ss-read-timeout", type=float, default=300.0, help="seconds a stream may stay silent")
     g.add_argument("--ss-trace", type=int, default=0, help="1: send each plan item once, at its arrival_s")
+    g.add_argument("--ss-controlled", type=int, default=0,
+                   help="1: the run directory's point_control.json opens and ends the measured window (set by "
+                        "servescope's stopping rule; --ss-warmup and --ss-duration are then its caps)")
 
 
 def _has_plan(options: Any) -> bool:
@@ -136,7 +146,13 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
         def on_plan(environment: Environment, msg: Any, **_kwargs: Any) -> None:
             setattr(environment, PLAN_ATTRIBUTE, decode_plan(msg.data))
 
+        def on_control(environment: Environment, msg: Any, **_kwargs: Any) -> None:
+            context: LoadContext | None = getattr(environment, CONTEXT_ATTRIBUTE, None)
+            if context is not None:
+                context.apply(PointControl.from_dict(msg.data))
+
         runner.register_message(PLAN_MESSAGE, on_plan)
+        runner.register_message(CONTROL_MESSAGE, on_control)
         return
     if options is None:
         return
@@ -180,6 +196,7 @@ class WorkerRun:
     context: LoadContext
     sampler: HealthSampler
     relay: RowRelay | None  # a master's worker: its lines go to the master
+    control_watch: gevent.Greenlet | None = None  # a lone controlled process: follows point_control.json
 
     @classmethod
     def start(cls, environment: Environment) -> WorkerRun:
@@ -205,12 +222,17 @@ class WorkerRun:
         if relay is not None:
             relay.count_started = lambda: context.num_started
             relay.start()
-        sampler = HealthSampler(health, worker, context.clock)
+        sampler = HealthSampler(health, worker, context.clock, progress=context.progress)
         sampler.start()
-        return cls(context, sampler, relay)
+        control_watch = None
+        if context.is_controlled and relay is None:
+            control_watch = gevent.spawn(_follow_control, options.ss_run_dir, context.apply)
+        return cls(context, sampler, relay, control_watch)
 
     def stop(self) -> None:
         """Close the journals; a worker sends its last lines and says every row is sent."""
+        if self.control_watch is not None:
+            self.control_watch.kill()
         self.sampler.stop()
         self.context.close()
         if self.relay is not None:
@@ -237,6 +259,14 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
         # NOTE: the master only gathers; the plan goes out before Locust's spawn messages.
         collector: WorkerCollector = getattr(environment, COLLECTOR_ATTRIBUTE)
         collector.begin(_plan_path(environment.parsed_options))
+        options = environment.parsed_options
+        if options.ss_controlled:
+            previous_forward: gevent.Greenlet | None = getattr(environment, FORWARD_ATTRIBUTE, None)
+            if previous_forward is not None:
+                previous_forward.kill()
+            setattr(environment, FORWARD_ATTRIBUTE, gevent.spawn(
+                _follow_control, options.ss_run_dir,
+                lambda control: runner.send_message(CONTROL_MESSAGE, control.to_dict()), CONTROL_REPEAT_S))
         return
     previous: WorkerRun | None = getattr(environment, WORKER_ATTRIBUTE, None)
     if previous is not None:
@@ -247,6 +277,10 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
 
 @events.test_stop.add_listener
 def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
+    forward: gevent.Greenlet | None = getattr(environment, FORWARD_ATTRIBUTE, None)
+    if forward is not None:
+        forward.kill()
+        setattr(environment, FORWARD_ATTRIBUTE, None)
     worker: WorkerRun | None = getattr(environment, WORKER_ATTRIBUTE, None)
     if worker is not None:
         worker.stop()
@@ -267,6 +301,20 @@ def _on_test_stop(environment: Environment, **_kwargs: Any) -> None:
     if collector is not None:
         collector.end()
     _finish_plain_run(environment)
+
+
+def _follow_control(run_dir: str, on_change: Callable[[PointControl], None], repeat_s: float | None = None) -> None:
+    """Poll ``run_dir``'s point_control.json and pass on each new version, and the current one again every
+    ``repeat_s`` (a master's workers: one whose test started late still gets it); runs until killed."""
+    last: PointControl | None = None
+    passed_at = 0.0
+    while True:
+        control = read_control(run_dir)
+        now = time.monotonic()
+        if control is not None and (control != last or (repeat_s is not None and now - passed_at >= repeat_s)):
+            on_change(control)
+            last, passed_at = control, now
+        gevent.sleep(CONTROL_POLL_S)
 
 
 def _stop_workers(runner: MasterRunner, stop_timeout_s: float) -> None:

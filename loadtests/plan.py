@@ -16,6 +16,9 @@ from loadtests.workloads.catalog import ChatSessions, TokenizerLike, make_worklo
 
 # Room left for the chat template's tokens around a prompt sent to /v1/chat/completions.
 CHAT_TEMPLATE_MARGIN = 64
+# Workloads whose requests are independent draws of two lengths: a controlled point deals them from a
+# stratified deck (loadtests.workloads.stratified); the others' order or grouping is their point.
+STRATIFIABLE = ("sharegpt-synth", "mixed", "long-context", "fixed")
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,6 +51,8 @@ def build_plan(config: LoadConfig, tokenizer: TokenizerLike, max_model_len: int 
         overrides.update(time_scale=config.time_scale, max_requests=config.max_requests)
     if config.workload == "chat-sessions":
         overrides["num_turns"] = config.turns
+    if config.stop_rule is not None and config.workload in STRATIFIABLE:
+        overrides["stratified"] = True  # NOTE: a point that ends when its throughput is known sees the whole mix
     workload = make_workload(config.workload, **overrides)
     if isinstance(workload, ChatSessions) and max_model_len is not None:
         longest = workload.max_session_tokens() + CHAT_TEMPLATE_MARGIN * workload.num_turns

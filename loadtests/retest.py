@@ -22,6 +22,7 @@ from rich.table import Table
 
 from loadtests.config import LoadConfig
 from probes.run_dir import DIAGNOSIS_NAME, RETEST_NAME, RunDirectory
+from reports.whole_table import print_whole
 
 if TYPE_CHECKING:
     from loadtests.run.orchestrator import SearchOptions
@@ -169,7 +170,7 @@ def print_pull(console: Console, record: dict[str, Any]) -> None:
         before, predicted, after = record["before"].get(key), record["predicted"].get(key), record["measured"].get(key)
         error = record["errors"].get(key)
         table.add_row(key, _fmt(before), _fmt(predicted), _fmt(after), f"{error:+.1%}" if error is not None else "–")
-    console.print(table)
+    print_whole(console, table)
     console.print(f"next: {record['next']}")
 
 

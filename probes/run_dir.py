@@ -13,6 +13,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
     execution_reference.json      probes.execution_paths.PathTiming: an outside server's decode step against ours
     load.json                     LoadInfo: the load point's config, its target and model, its load workers
     workers.json                  WorkerRoster: while a Locust master runs, the workers that joined it (then in load.json)
+    point_control.json            while a point with a stopping rule runs: when its window opens and ends (loadtests.client.point_control)
     workload.jsonl                the request plan (loadtests.plan)
     locust_stats.csv, locust_stats_history.csv, locust.html, locust.log, server.log
     summary.json                  the measures of every point (reports.summary.RunSummary)
@@ -66,6 +67,7 @@ LOCUST_HTML_NAME = "locust.html"
 LOCUST_LOG_NAME = "locust.log"
 SERVER_LOG_NAME = "server.log"
 WORKERS_NAME = "workers.json"
+CONTROL_NAME = "point_control.json"
 PORT_FILE_NAME = ".server-port.json"
 GPU_CHECK_NAME = "gpu_check.json"
 CALIBRATION_NAME = "step_calibration.json"
@@ -170,6 +172,7 @@ class LoadInfo:
     users_timeline: list[dict[str, float]] | None = None  # {"time", "users"} at each user-count change
     stopped_at: float | None = None  # when the load ended (before the run was written)
     workers: list[LoadWorker] | None = None  # a run with a Locust master: each worker, lost ones marked
+    window: dict[str, Any] | None = None  # a point with a stopping rule: its window and why (loadtests.point_stop)
 
     @property
     def lost_workers(self) -> list[LoadWorker]:

@@ -37,6 +37,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     from probes.run_dir import RunDirectory
     from reports.compare import FIGURES, compare, regressions, render_compare
+    from reports.whole_table import print_whole
 
     comparison = compare(args.dirs, args.labels.split(",") if args.labels else None)
     table = Table(title=f"servescope compare (deltas against {comparison.baseline.label})")
@@ -59,7 +60,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 cells.append(f"[{style}]{text}[/]" if style else text)
         table.add_row(fig.label, *cells)
     console = Console()
-    console.print(table)
+    print_whole(console, table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_compare(comparison), encoding="utf-8")

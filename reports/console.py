@@ -13,11 +13,12 @@ from probes.run_dir import DIAGNOSIS_NAME, REPORT_NAME
 from reports.failures import FailureCounts
 from reports.summary import RunSummary
 from reports.verdict.diagnosis import Diagnosis
+from reports.whole_table import print_whole
 
 
 def print_run(console: Console, measures: RunSummary, diagnosis: Diagnosis, out: Path) -> None:
     """The table of every point, its warnings, the capacity (after a search) and the verdict of the run in ``out``."""
-    console.print(summary_table(measures))
+    print_whole(console, summary_table(measures))  # NOTE: never cut to 80 columns off a terminal
     for point in measures.points:
         if not point.accounting.is_consistent:
             console.print(f"[yellow]warning:[/] {point.label}: the request counts disagree: "

@@ -4,7 +4,9 @@ A client that is itself the bottleneck reads the server's timing wrong: its gree
 so token times (and TTFT, ITL) come out late by as much. Each worker runs a :class:`HealthSampler`
 greenlet that wakes every ``SAMPLE_INTERVAL_S`` and records how late it woke (the event loop's
 lag, which every token timestamp of that worker shares) and the process's CPU time over the gap
-as a share of one core. The orchestrator merges the journals into ``client_health.parquet``
+as a share of one core; with them, the load's live counts (content chunks so far, requests in
+flight and decoding), which a point's stopping rule reads while it runs (:mod:`loadtests.point_stop`).
+The orchestrator merges the journals into ``client_health.parquet``
 (:func:`loadtests.client.table.merge_health_journals`); ``reports.summary`` turns them into the run's client warnings.
 
 Light on purpose (stdlib, psutil, gevent): Locust's processes import it.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,10 @@ class HealthSampler:
     """One worker's sampler: a greenlet writing ``{worker, time, loop_lag_s, cpu_share}`` lines to ``lines``
     (its journal file, :func:`health_path`, or its master), which it closes when stopped."""
 
-    def __init__(self, lines: LineSink, worker: str, clock: Clock, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(self, lines: LineSink, worker: str, clock: Clock, interval_s: float = SAMPLE_INTERVAL_S,
+                 progress: Callable[[], dict[str, int]] | None = None) -> None:
         self.worker = worker
+        self.progress = progress  # the load's own counts, added to each sample (loadtests.point_stop reads them live)
         self.clock = clock
         self.interval_s = interval_s
         self.num_samples = 0
@@ -61,7 +66,8 @@ class HealthSampler:
             gevent.sleep(max(due - self.clock.now(), 0.0))
             now, cpu = self.clock.now(), self._cpu_s()
             self._write({"worker": self.worker, "time": now, "loop_lag_s": max(now - due, 0.0),
-                         "cpu_share": (cpu - last_cpu) / (now - last_t) if now > last_t else 0.0})
+                         "cpu_share": (cpu - last_cpu) / (now - last_t) if now > last_t else 0.0,
+                         **(self.progress() if self.progress is not None else {})})
             last_t, last_cpu = now, cpu
 
     def _write(self, sample: dict[str, Any]) -> None:

@@ -6,17 +6,21 @@ holds the plan, this worker's share of it, the journal and the clock. Stdlib and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadtests.client.point_control import PointControl
 from loadtests.client.records import ClientRecord, Clock, Journal
 from loadtests.client.sse import StreamTimer
 from loadtests.client.stream_client import StreamClient, StreamResponse
+from loadtests.config import CONTROL_SLACK_S
 from loadtests.plan import PlannedRequest
 from loadtests.workloads.arrival import OpenLoopArrivals
 
@@ -58,19 +62,28 @@ class LoadContext:
     read_timeout_s: float
     stop_timeout_s: float
     is_trace: bool = False  # send each plan item once at its arrival_s (TraceUser)
+    # NOTE: a controlled point (loadtests.client.point_control) learns its window while it runs: warmup_s and
+    # duration_s are then only the caps its controller keeps to, and CONTROL_SLACK_S bounds a lost one.
+    is_controlled: bool = False
+    measure_from: float | None = None  # controlled: requests sent from then on are measured
+    stop_at: float | None = None  # controlled: users send nothing from then on
     clock: Clock = field(default_factory=Clock)
     start_time: float = 0.0
     num_sent: int = 0  # plan items taken (a chat session takes all its turns at once)
     num_started: int = 0  # requests sent: journaled, or still in flight
     num_active_users: int = 0
     num_failures_in_a_row: int = 0
+    num_chunks: int = 0  # content chunks received so far, in flight or done (the live token rate)
+    num_decoding: int = 0  # requests in flight past their first content chunk
     # NOTE: called by the worker's last user when the load reaches its deadline (see loadtests.locustfile).
     on_load_ended: Callable[[], None] = field(default=lambda: None)
     sessions: list[list[int]] = field(init=False)  # chat sessions' plan indices (see next_session)
+    _first_rng: random.Random = field(init=False, repr=False)  # first_share's draws
     num_sessions_taken: int = 0
 
     def __post_init__(self) -> None:
         self.sessions = _sessions(self.plan)
+        self._first_rng = random.Random(f"{self.seed}:{self.worker_index}:first")
         if not 0 <= self.worker_index < self.num_workers:
             raise ValueError(f"worker index {self.worker_index} is not below the number of workers "
                              f"{self.num_workers}; pass --ss-num-workers")
@@ -86,7 +99,8 @@ class LoadContext:
                    api=options.ss_api, worker_index=worker_index, num_workers=options.ss_num_workers,
                    warmup_s=options.ss_warmup, duration_s=duration_s, ignore_eos=bool(options.ss_ignore_eos),
                    arrivals=arrivals, seed=options.ss_seed, read_timeout_s=options.ss_read_timeout,
-                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace))
+                   stop_timeout_s=options.stop_timeout or 0.0, is_trace=bool(options.ss_trace),
+                   is_controlled=bool(options.ss_controlled))
 
     @property
     def worker(self) -> str:
@@ -98,7 +112,11 @@ class LoadContext:
 
     @property
     def deadline(self) -> float:
-        return self.start_time + self.warmup_s + self.duration_s
+        """When users stop sending: the end of warm-up + duration, or a controlled point's ``stop_at``."""
+        if not self.is_controlled:
+            return self.start_time + self.warmup_s + self.duration_s
+        bound = self.start_time + self.warmup_s + self.duration_s + CONTROL_SLACK_S
+        return bound if self.stop_at is None else min(self.stop_at, bound)
 
     @property
     def num_trace_items(self) -> int:
@@ -111,7 +129,33 @@ class LoadContext:
         return math.isfinite(self.deadline)
 
     def is_warmup(self, t: float) -> bool:
+        if self.is_controlled:
+            return self.measure_from is None or t < self.measure_from
         return t < self.start_time + self.warmup_s
+
+    def apply(self, control: PointControl) -> None:
+        """Follow the window a controlled point's orchestrator decided (loadtests.client.point_control)."""
+        self.measure_from, self.stop_at = control.measure_from, control.stop_at
+
+    def first_share(self) -> float | None:
+        """The share of its output a closed-loop user's first request asks for in a controlled point, drawn
+        uniformly (seeded); None otherwise.
+
+        NOTE: users that all start at once would otherwise move in step for several requests (same
+        lengths, ends on the same step, prefills all at once: multi-second stalls, then bursts), and a
+        window's throughput would depend on where it falls in that cycle. Cut at random, the first
+        requests end spread over a request's lifetime; every later request is sent as planned, and the
+        first ones are in the warm-up, which lasts until as many requests are done as there are users.
+        """
+        if not self.is_controlled or self.arrivals is not None or self.is_trace:
+            return None
+        return self._first_rng.random()
+
+    def progress(self) -> dict[str, int]:
+        """What the live token rate and steadiness are read from (loadtests.point_stop), cumulative or now."""
+        num_done = self.journal.num_records
+        return {"chunks": self.num_chunks, "in_flight": self.num_started - num_done, "decoding": self.num_decoding,
+                "done": num_done}
 
     def next_item(self) -> tuple[int, PlannedRequest]:
         """This worker's next request: ``(seq, planned request)``.
@@ -188,16 +232,19 @@ def request_body(model: str, api: str, prompt: str | list[int], max_tokens: int,
 
 def send_request(client: StreamClient, ctx: LoadContext, fire: RequestEvent, scheduled_time: float | None = None,
                  planned: tuple[int, PlannedRequest] | None = None,
-                 messages: list[dict[str, str]] | None = None) -> str | None:
+                 messages: list[dict[str, str]] | None = None, output_share: float | None = None) -> str | None:
     """Send the next planned request (or ``planned``: ``(seq, item)``), stream it, journal its row, and
     report it to Locust; returns the streamed text when ``messages`` (a chat history) was given
-    and the request succeeded, else None.
+    and the request succeeded, else None. ``output_share``: ask for that share of the item's output
+    tokens only (a closed-loop user's first request of a controlled point, :meth:`LoadContext.first_share`).
 
     The HTTP row's time is the whole exchange (send to finish chunk). A request the client sent
     again because its pooled connection closed before any answer (loadtests.client.stream_client) is
     reported once more, as a ``RETRY`` row of its own, and its client row says so.
     """
     seq, item = planned if planned is not None else ctx.next_item()
+    if output_share is not None:
+        item = dataclasses.replace(item, max_tokens=max(1, math.ceil(item.max_tokens * output_share)))
     # NOTE: gevent's timers run on the event loop's cached clock and can fire a fraction of a
     # millisecond before the wall-clock time they were set for; a scheduled request is never sent early.
     while scheduled_time is not None and (early_s := scheduled_time - ctx.clock.now()) > 0:
@@ -252,8 +299,18 @@ def _read_response(response: StreamResponse, ctx: LoadContext, record: ClientRec
         record.error = f"HTTP {record.status_code}: {response.text()[:300]}"
         return None
     timer = StreamTimer(ctx.api, keep_text)
-    for raw in response.iter_lines():
-        timer.feed(raw.decode("utf-8", errors="replace"), ctx.clock.now())
+    num_chunks = 0
+    try:
+        for raw in response.iter_lines():
+            timer.feed(raw.decode("utf-8", errors="replace"), ctx.clock.now())
+            if len(timer.timing.token_times) > num_chunks:
+                if num_chunks == 0:
+                    ctx.num_decoding += 1
+                ctx.num_chunks += len(timer.timing.token_times) - num_chunks
+                num_chunks = len(timer.timing.token_times)
+    finally:
+        if num_chunks:
+            ctx.num_decoding -= 1
     timing = timer.finish()
     record.request_id = timing.request_id
     record.first_token_time = timing.first_token_time

@@ -84,6 +84,8 @@ class ClosedLoopUser(StreamingUser):
 class LLMUser(ClosedLoopUser):
     """Closed loop: send, stream to the end, send the next; stops sending at the run's deadline."""
 
+    has_sent = False
+
     @task
     def stream_one(self) -> None:
         context = load_context(self.environment)
@@ -91,7 +93,9 @@ class LLMUser(ClosedLoopUser):
             raise StopUser()  # an open-loop run uses OpenLoopUser, a trace TraceUser
         if context.clock.now() >= context.deadline:
             raise StopUser()
-        send_request(self.client, context, self.environment.events.request.fire)
+        share = None if self.has_sent else context.first_share()
+        self.has_sent = True
+        send_request(self.client, context, self.environment.events.request.fire, output_share=share)
 
 
 class ChatSessionUser(ClosedLoopUser):

@@ -73,7 +73,7 @@ def locust_command(config: LoadConfig, url: str, run_dir: Path, model: str) -> l
         "--ss-rate", f"{config.rate or 0:g}", "--ss-burstiness", f"{config.burstiness:g}",
         "--ss-burst-size", str(config.burst_size), "--ss-seed", str(config.seed),
         "--ss-num-workers", str(config.processes), "--ss-ignore-eos", str(int(config.ignore_eos)),
-        "--ss-trace", str(int(config.is_trace)),
+        "--ss-trace", str(int(config.is_trace)), "--ss-controlled", str(int(config.stop_rule is not None)),
     ]
     if config.master is not None:
         argv += ["--master", "--master-bind-host", config.master.bind_host,

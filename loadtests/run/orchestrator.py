@@ -23,6 +23,7 @@ from loadtests.capacity import search_capacity, verdict_users
 from loadtests.client.table import merge_journals, take_worker_roster
 from loadtests.config import DEFAULT_MAX_USERS, LoadConfig
 from loadtests.plan import build_plan, write_plan
+from loadtests.point_stop import PointController
 from loadtests.run.finish import Summary, finish_run
 from loadtests.run.locust_runner import run_locust
 from loadtests.run.progress import LoadProgress
@@ -68,15 +69,27 @@ def run_point(config: LoadConfig, target: Target, run_dir: Path, tokenizer: Toke
                                max_model_len=target.max_model_len, num_planned_requests=len(plan),
                                started_at=time.time())
     directory.save(LOAD_NAME, info)
+    controller = PointController(config, run_dir) if config.stop_rule is not None else None
     with LoadProgress(console, config.point_name, run_dir, config.warmup_s, config.duration_s,
-                      target.metrics_url) as progress:
-        locust = run_locust(config, target.url, run_dir, target.model, on_tick=progress.tick, api_key=api_key)
+                      target.metrics_url, phase=controller.phase if controller is not None else None) as progress:
+
+        def tick(elapsed_s: float) -> None:
+            if controller is not None:
+                controller.tick()
+            progress.tick(elapsed_s)
+
+        try:
+            locust = run_locust(config, target.url, run_dir, target.model, on_tick=tick, api_key=api_key)
+        finally:
+            if controller is not None:
+                controller.finish()
         progress.tick(locust.wall_s)
     merge_journals(run_dir)
     roster = take_worker_roster(run_dir)
     directory.save(LOAD_NAME, dataclasses.replace(info, finished_at=time.time(), locust_returncode=locust.returncode,
                                                   locust_wall_s=locust.wall_s,
-                                                  workers=roster.workers if roster is not None else None))
+                                                  workers=roster.workers if roster is not None else None,
+                                                  window=controller.window.to_dict() if controller else None))
 
 
 def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], model: str, console: Console,

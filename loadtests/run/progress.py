@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -103,13 +104,16 @@ class LoadProgress:
     """A progress bar for one load point: phase, elapsed, requests, output tok/s, TTFT, server queue."""
 
     def __init__(self, console: Console, point: str, run_dir: Path, warmup_s: float, duration_s: float,
-                 metrics_url: str | None = None) -> None:
+                 metrics_url: str | None = None, phase: Callable[[float], str] | None = None) -> None:
         self.point = point
+        self.phase = phase  # a controlled point's phase at a time (its window is decided as it runs)
         self.warmup_s = warmup_s
         self.duration_s = duration_s
         self.metrics_url = metrics_url
         self.tail = JournalTail(run_dir)
         self.counts = LiveCounts()
+        self._console = console
+        self._last = ("starting", "")  # the last phase and description, printed whole at the end off a terminal
         self._progress = Progress(TextColumn("[bold]{task.fields[point]}"), BarColumn(),
                                   TextColumn("{task.fields[phase]}"), TimeElapsedColumn(),
                                   TextColumn("{task.description}"), console=console, transient=False)
@@ -124,7 +128,9 @@ class LoadProgress:
             return
         if roster is not None and roster.started_at is not None:
             elapsed_s = time.time() - roster.started_at  # NOTE: the load starts once every worker joined
-        if elapsed_s < self.warmup_s:
+        if self.phase is not None:
+            phase = self.phase(time.time())
+        elif elapsed_s < self.warmup_s:
             phase = "warm-up"
         elif elapsed_s < self.warmup_s + self.duration_s:
             phase = "measuring"
@@ -140,8 +146,9 @@ class LoadProgress:
             if gauges:
                 parts.append(f"server {gauges.get('running', 0):.0f} running / {gauges.get('waiting', 0):.0f} waiting"
                              f" / KV {gauges.get('kv', 0) * 100:.0f}%")
+        self._last = (phase, " | ".join(parts))
         self._progress.update(self._task, completed=min(elapsed_s, self.warmup_s + self.duration_s), phase=phase,
-                              description=" | ".join(parts))
+                              description=self._last[1])
 
     def _roster(self) -> WorkerRoster | None:
         """The Locust master's roster (a run with workers), or None; a half-written one counts as absent."""
@@ -151,10 +158,16 @@ class LoadProgress:
             return None
 
     def __enter__(self) -> LoadProgress:
-        self._progress.start()
+        if self._console.is_terminal:
+            self._progress.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._progress.stop()
+        if self._console.is_terminal:
+            self._progress.stop()
+        else:
+            # NOTE: off a terminal (a log, a pipe) a bar is never redrawn and rich would cut the line to 80
+            # columns: one plain line instead, wrapped where it is long.
+            self._console.print(f"{self.point}: {' | '.join(self._last)}", highlight=False, markup=False)
 

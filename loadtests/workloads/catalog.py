@@ -15,6 +15,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import ClassVar, Protocol
 
+from loadtests.workloads.stratified import stratified_deck
 from loadtests.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TRACE_PREFIX,
@@ -62,20 +63,26 @@ class Workload:
     max_prompt_tokens: int = 1024
     max_output_tokens: int = 256
     token_scale: float = 1.0  # multiplies every drawn prompt and output length (capacity's tokens experiment)
+    stratified: bool = False  # lengths dealt from a stratified, balanced deck (loadtests.workloads.stratified), not drawn
 
     def lengths(self, rng: random.Random) -> tuple[int, int]:
         raise NotImplementedError
+
+    def sized(self, rng: random.Random) -> tuple[int, int]:
+        """One draw of :meth:`lengths`, scaled by ``token_scale`` and held to the caps."""
+        prompt_len, output_len = self.lengths(rng)
+        return (max(1, min(round(prompt_len * self.token_scale), self.max_prompt_tokens)),
+                max(1, min(round(output_len * self.token_scale), self.max_output_tokens)))
 
     def items(self, num_requests: int, tokenizer: TokenizerLike, seed: int = 0) -> list[WorkItem]:
         if num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {num_requests}")
         rng = random.Random(seed)
         corpus_ids = tokenizer.encode(corpus_text())
+        deck = stratified_deck(self.sized, rng) if self.stratified else None
         out = []
-        for _ in range(num_requests):
-            prompt_len, output_len = self.lengths(rng)
-            prompt_len = max(1, min(round(prompt_len * self.token_scale), self.max_prompt_tokens))
-            output_len = max(1, min(round(output_len * self.token_scale), self.max_output_tokens))
+        for i in range(num_requests):
+            prompt_len, output_len = deck[i % len(deck)] if deck is not None else self.sized(rng)
             ids = text_window(tokenizer, corpus_ids, prompt_len, rng)
             out.append(WorkItem(ids, tokenizer.decode(ids), output_len))
         return out

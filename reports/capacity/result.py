@@ -26,7 +26,10 @@ import pandas as pd
 
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, RunDirectory
+from reports.capacity.bootstrap import CapacityInterval, capacity_interval
+from reports.capacity.interval import RateInterval, batch_means_interval, token_rate_series
 from reports.capacity.knee import KneeFit, fit_knee, wilson_interval
+from reports.capacity.other_load import other_cpu_cores
 from reports.dataset import RunDataset
 from reports.summary import PointMeasures
 
@@ -87,6 +90,15 @@ class CapacityPoint:
     tokens_per_request: float | None  # mean prompt + output tokens of the measured requests
     slo_attainment: dict[str, float] | None = None  # value, low, high (95% Wilson)
     goodput: float | None = None  # good requests / s
+    output_tokens_per_s_interval: dict[str, float | int] | None = None  # RateInterval.to_dict()
+    measured_s: float | None = None  # the measured window's length
+    window: dict[str, Any] | None = None  # a controlled point's decisions (loadtests.point_stop.PointWindow)
+    other_cpu_cores: float | None = None  # cores other processes took during the window (reports.capacity.other_load)
+
+    @property
+    def interval(self) -> RateInterval | None:
+        i = self.output_tokens_per_s_interval
+        return RateInterval.from_dict(i) if i is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +141,8 @@ class Capacity:
     probed: bool = False  # the engine's probes watched the search, so they tell the limit
     single_stream: dict[str, Any] | None = None  # TPOT at 1 user against weight bytes / bandwidth
     slo: dict[str, Any] = field(default_factory=dict)
+    interval: dict[str, Any] | None = None  # the capacity's range in users (CapacityInterval.to_dict())
+    output_tokens_per_s_interval: dict[str, float | int] | None = None  # the capacity point's RateInterval
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -141,25 +155,59 @@ def read_search(path: str | Path) -> CapacitySearch | None:
     return RunDirectory(path).load(CAPACITY_NAME, CapacitySearch)
 
 
+def measured_window(data: RunDataset) -> tuple[float, float] | None:
+    """The measured window ``(start, end)``: the one a point's stopping rule decided (``load.json``), else the
+    duration from the first measured send; None without either."""
+    decided = data.load_info.window if data.load_info is not None else None
+    if decided and decided.get("measure_from") is not None and decided.get("stop_at") is not None:
+        return float(decided["measure_from"]), float(decided["stop_at"])
+    start, duration = data.window[0], data.load_config.get("duration_s")
+    if not math.isfinite(start) or not duration:
+        return None
+    return start, start + float(duration)
+
+
+def token_arrivals(data: RunDataset) -> tuple[np.ndarray, np.ndarray] | None:
+    """When every successful request's output tokens arrived: chunk times and tokens per chunk, all requests.
+
+    NOTE: a request's tokens are spread evenly over its content chunks (a chunk may carry several);
+    one without chunk times counts its tokens at its end.
+    """
+    client = data.client
+    if client is None:
+        return None
+    ok = client[client["is_ok"].astype(bool)]
+    times, weights = [], []
+    for chunks, num_tokens, finished in zip(ok["token_times"], ok["num_output_tokens"], ok["end_time"], strict=True):
+        at = np.asarray(chunks if chunks is not None and len(chunks) else [finished], dtype="float64")
+        if len(at) and not np.isnan(num_tokens) and not np.isnan(at).any():
+            times.append(at)
+            weights.append(np.full(len(at), float(num_tokens) / len(at)))
+    if not times:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(times), np.concatenate(weights)
+
+
 def streamed_throughput(data: RunDataset) -> float | None:
     """Output tokens streamed inside the measured window, per second.
 
     NOTE: tokens count by when they arrived, whichever request they belong to, so the drain after
-    the duration (fewer users, longer at heavier points) does not read as lower throughput. A
-    request's tokens are spread evenly over its content chunks (a chunk may carry several).
+    the window (fewer users, longer at heavier points) does not read as lower throughput.
     """
-    client, start = data.client, data.window[0]
-    duration = data.load_config.get("duration_s")
-    if client is None or not math.isfinite(start) or not duration:
+    window, arrivals = measured_window(data), token_arrivals(data)
+    if window is None or arrivals is None:
         return None
-    end = start + float(duration)
-    tokens = 0.0
-    ok = client[client["is_ok"].astype(bool)]
-    for times, num_tokens, finished in zip(ok["token_times"], ok["num_output_tokens"], ok["end_time"], strict=True):
-        chunks = np.asarray(times if times is not None else [finished], dtype="float64")
-        if len(chunks) and not np.isnan(num_tokens):
-            tokens += float(num_tokens) * float(((chunks >= start) & (chunks < end)).sum()) / len(chunks)
-    return tokens / float(duration)
+    (start, end), (times, weights) = window, arrivals
+    return float(weights[(times >= start) & (times < end)].sum()) / (end - start)
+
+
+def throughput_interval(data: RunDataset) -> RateInterval | None:
+    """The batch-means interval of the streamed throughput (``reports.capacity.interval``), over the whole
+    sub-windows of the measured window; None without enough of them."""
+    window, arrivals = measured_window(data), token_arrivals(data)
+    if window is None or arrivals is None:
+        return None
+    return batch_means_interval(token_rate_series(*arrivals, *window))
 
 
 def time_averaged(data: RunDataset, begin: str) -> float | None:
@@ -176,11 +224,10 @@ def time_averaged(data: RunDataset, begin: str) -> float | None:
 def _ok_requests_and_window(data: RunDataset, begin: str) -> tuple[pd.DataFrame, float, float] | None:
     """The successful client requests with a ``begin`` and an end time (warm-up ones too), and the
     measured window's start and end; None without a client table or a window."""
-    client, start = data.client, data.window[0]
-    duration = data.load_config.get("duration_s")
-    if client is None or not math.isfinite(start) or not duration:
+    client, window = data.client, measured_window(data)
+    if client is None or window is None:
         return None
-    return client[client["is_ok"].astype(bool)].dropna(subset=[begin, "end_time"]), start, start + float(duration)
+    return client[client["is_ok"].astype(bool)].dropna(subset=[begin, "end_time"]), *window
 
 
 def _open_in_window(data: RunDataset) -> pd.DataFrame | None:
@@ -205,11 +252,16 @@ def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
     if c is not None and c.goodput is not None and c.num_requests:
         attainment = wilson_interval(int(c.goodput["num_good"]), c.num_requests).to_dict()
         goodput = c.goodput["good_requests_per_s"]
+    interval, window = throughput_interval(data), measured_window(data)
     return CapacityPoint(users=int(measures.concurrency or 0), output_tokens_per_s=tput,
                          decoding_streams=time_averaged(data, "first_token_time"),
                          in_flight=time_averaged(data, "send_time"),
                          tokens_per_request=float(tokens) if tokens is not None else None,
-                         slo_attainment=attainment, goodput=goodput)
+                         slo_attainment=attainment, goodput=goodput,
+                         output_tokens_per_s_interval=interval.to_dict() if interval is not None else None,
+                         measured_s=window[1] - window[0] if window is not None else None,
+                         window=data.load_info.window if data.load_info is not None else None,
+                         other_cpu_cores=other_cpu_cores(data, *window) if window is not None else None)
 
 
 def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset],
@@ -220,12 +272,23 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     knee = fit_knee([p.users for p in rated], [p.output_tokens_per_s for p in rated])  # type: ignore[misc]
     slo = dict(points[0].load_config.get("slo") or {}) if points else {}
     chosen, method, reason = _choose(cps, rated, knee, slo, search.slo_attainment)
+    interval = None
+    if chosen is not None and method != "slo":
+        interval = _interval(rated, chosen.users)
+        if interval is not None and not interval.is_told_apart:
+            method, reason = "undetermined", (
+                f"the points cannot be told apart: redrawn within their intervals, the capacity falls anywhere "
+                f"in {interval.low}-{interval.high} users ({interval.confidence:.0%}), so none is named "
+                f"(the measured curve alone gives {chosen.users}: {reason})")
+            chosen = None
     result = Capacity(concurrency=chosen.users if chosen else None,
                       output_tokens_per_s=chosen.output_tokens_per_s if chosen else None,
                       goodput=chosen.goodput if chosen else None, method=method, reason=reason, limit=None,
                       limit_evidence="", knee=knee, points=cps, stopped=search.stopped,
                       slo={"bounds_s": slo, "attainment": search.slo_attainment} if slo else {},
-                      probed=search.probed, failed_at_users=(search.failed_at or {}).get("users"))
+                      probed=search.probed, failed_at_users=(search.failed_at or {}).get("users"),
+                      interval=interval.to_dict() if interval is not None else None,
+                      output_tokens_per_s_interval=chosen.output_tokens_per_s_interval if chosen else None)
     by_users = {p.users: p for p in rated}
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
     streams = [p.decoding_streams for p in cps if p.decoding_streams is not None]
@@ -262,14 +325,30 @@ def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], knee: KneeFit,
                              f"(95% Wilson interval {a['low']:.0%}-{a['high']:.0%}; target {target:.0%})")
     if not rated:
         return None, "plateau", "no point measured any output"
-    if knee.has_knee and knee.breakpoint is not None:
-        point = next(p for p in rated if p.users == int(knee.breakpoint))
+    users = choose_users([p.users for p in rated], [p.output_tokens_per_s for p in rated], knee)  # type: ignore[misc]
+    point = next(p for p in rated if p.users == users)
+    if knee.has_knee:
         return point, "knee", f"the knee of throughput against users: {knee.reason}"
-    top = max(p.output_tokens_per_s for p in rated)  # type: ignore[type-var]
-    point = min((p for p in rated if p.output_tokens_per_s >= PLATEAU_SHARE * top),  # type: ignore[operator]
-                key=lambda p: p.users)
     return point, "plateau", (f"{knee.reason}; the capacity is the fewest users within {PLATEAU_SHARE:.0%} of the "
                               f"best throughput measured")
+
+
+def choose_users(users: list[int], throughputs: list[float], knee: KneeFit | None = None) -> int:
+    """The capacity of one throughput curve, in users: its knee (``knee``, else fitted), or without one the
+    fewest users within ``PLATEAU_SHARE`` of the best throughput."""
+    knee = knee if knee is not None else fit_knee(users, throughputs)  # type: ignore[arg-type]
+    if knee.has_knee and knee.breakpoint is not None:
+        return int(knee.breakpoint)
+    top = max(throughputs)
+    return min(u for u, t in zip(users, throughputs, strict=True) if t >= PLATEAU_SHARE * top)
+
+
+def _interval(rated: list[CapacityPoint], estimate: int) -> CapacityInterval | None:
+    """The capacity's interval from the points' own (None when a point has none: too short a window)."""
+    intervals = [p.interval for p in rated]
+    if any(i is None for i in intervals):
+        return None
+    return capacity_interval([p.users for p in rated], intervals, estimate, choose_users)  # type: ignore[arg-type]
 
 
 def _tokens_experiment(root: Path, search: CapacitySearch, by_users: dict[int, CapacityPoint]) -> TokensExperiment | None:
@@ -313,6 +392,9 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
                 if t.limit == "memory" else "the same number of requests kept decoding: a seat limit (max sequences)")
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
                          f"the decoding streams; {kind}")
+    if c.method == "undetermined":
+        return None, ("no capacity was named (its points cannot be told apart), so no point past it is read; the "
+                      "verdict is read at the heaviest point")
     if c.queue_share_past_knee is not None and c.probed:
         return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
                       f"queue; the engine's probes say why (the verdict, read at {c.past_knee_users} users)")

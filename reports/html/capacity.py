@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.capacity.knee import KneeFit
+from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import LIMIT_BOTTLENECK, Capacity
 from reports.html.sections import Block, ReportContext, Section, note, table
 
@@ -22,7 +23,9 @@ def headline(capacity: dict[str, Any]) -> list[str]:
         first = f"Capacity: not found ({capacity['reason']})"
     else:
         goodput = f", goodput {good:.3g} good requests/s" if good is not None else ""
-        first = f"Capacity: {n} concurrent users, {tput:.4g} output tokens/s{goodput} ({capacity['reason']})"
+        first = (f"Capacity: {n} concurrent users{users_range(capacity.get('interval'))}, "
+                 f"{rate_words(tput, capacity.get('output_tokens_per_s_interval'))} output tokens/s{goodput} "
+                 f"({capacity['reason']})")
     limit = capacity["limit"]
     if limit:
         second = f"What limits it: {limit} ({LIMIT_BOTTLENECK[limit]}): {capacity['limit_evidence']}"
@@ -31,6 +34,11 @@ def headline(capacity: dict[str, Any]) -> list[str]:
     else:
         second = f"What limits it: not determined from the outside: {capacity['limit_evidence']}"
     lines = [first, second]
+    busy = [p for p in capacity["points"] if (p.get("other_cpu_cores") or 0) >= BUSY_CORES]
+    if busy:
+        lines.append("Measured on a busy machine: other processes took " + ", ".join(
+            f"{p['other_cpu_cores']:.1f} cores at {p['users']} users" for p in busy)
+            + "; those points read low, and a rerun on a quiet machine may not agree")
     single = capacity.get("single_stream")
     if single is not None and single.get("mbu") is not None:
         lines.append(f"One stream reads the weights at {single['mbu']:.0%} of this machine's copy bandwidth "
@@ -41,6 +49,22 @@ def headline(capacity: dict[str, Any]) -> list[str]:
     return lines
 
 
+def users_range(interval: dict[str, Any] | None) -> str:
+    """`` (8-16)``: the capacity's range in users at its confidence, or nothing without one."""
+    if interval is None:
+        return ""
+    return f" ({interval['low']}-{interval['high']})"
+
+
+def rate_words(value: float | None, interval: dict[str, Any] | None) -> str:
+    """``110 ± 4``: a throughput and half its interval's width, or the value alone without one."""
+    if value is None:
+        return "-"
+    if interval is None:
+        return f"{value:.4g}"
+    return f"{value:.4g} ± {(interval['high'] - interval['low']) / 2:.2g}"
+
+
 def capacity_figure(capacity: Capacity) -> go.Figure | None:
     """Output throughput at each searched point, the two-segment fit, the capacity, and SLO attainment."""
     points = [p for p in capacity.points if p.output_tokens_per_s is not None]
@@ -49,11 +73,23 @@ def capacity_figure(capacity: Capacity) -> go.Figure | None:
     has_slo = any(p.slo_attainment is not None for p in points)
     fig = make_subplots(specs=[[{"secondary_y": has_slo}]])
     xs = [p.users for p in points]
-    fig.add_trace(go.Scatter(x=xs, y=[p.output_tokens_per_s for p in points], mode="markers", name="measured",
-                             marker={"size": 9}), secondary_y=False)
+    intervals = [p.output_tokens_per_s_interval for p in points]
+    error_y = None
+    if any(i is not None for i in intervals):
+        error_y = {"type": "data", "symmetric": False,
+                   "array": [i["high"] - p.output_tokens_per_s if i else 0 for p, i in zip(points, intervals, strict=True)],
+                   "arrayminus": [p.output_tokens_per_s - i["low"] if i else 0
+                                  for p, i in zip(points, intervals, strict=True)]}
+    fig.add_trace(go.Scatter(x=xs, y=[p.output_tokens_per_s for p in points], mode="markers",
+                             name="measured (95% interval)" if error_y else "measured", marker={"size": 9},
+                             error_y=error_y), secondary_y=False)
     fit = _fit_trace(capacity.knee, xs)
     if fit is not None:
         fig.add_trace(fit, secondary_y=False)
+    if capacity.interval is not None and capacity.interval["low"] != capacity.interval["high"]:
+        fig.add_vrect(x0=capacity.interval["low"], x1=capacity.interval["high"], fillcolor="grey", opacity=0.12,
+                      line_width=0, annotation_text=f"capacity {capacity.interval['confidence']:.0%} range",
+                      annotation_position="bottom right")
     if capacity.concurrency is not None:
         fig.add_vline(x=capacity.concurrency, line_dash="dash", annotation_text=f"capacity {capacity.concurrency}")
     if has_slo:
@@ -90,10 +126,12 @@ class CapacitySection(Section):
         out: list[Block | None] = [note(line) for line in headline(capacity.to_dict())]
         out.append(note(f"Verdict read at {ctx.focus.label}: the first point past the capacity, where its limit "
                         f"binds (at the capacity itself it only starts to). Search: {capacity.stopped}."))
-        rows = [[p.users, p.output_tokens_per_s, p.decoding_streams, p.in_flight, p.tokens_per_request,
+        rows = [[p.users, p.output_tokens_per_s, _rate_range(p.output_tokens_per_s_interval), p.measured_s,
+                 (p.window or {}).get("why_stopped"), p.decoding_streams, p.in_flight, p.tokens_per_request,
                  _attainment(p.slo_attainment), p.goodput] for p in capacity.points]
-        out.append(table(["users", "output tok/s (streamed in the window)", "decoding streams", "requests open",
-                          "tokens per request", "SLO attainment (95% CI)", "goodput req/s"], rows,
+        out.append(table(["users", "output tok/s (streamed in the window)", "95% interval", "measured s",
+                          "why it stopped", "decoding streams", "requests open", "tokens per request",
+                          "SLO attainment (95% CI)", "goodput req/s"], rows,
                          highlight=[p.users == capacity.concurrency for p in capacity.points]))
         out.append(ctx.figure(capacity_figure(capacity), f"Knee fit: {capacity.knee.reason}"))
         t = capacity.tokens
@@ -104,6 +142,10 @@ class CapacitySection(Section):
                                      "exponent 0: the same number of streams (seats), 1: streams fall in "
                                      "proportion (memory)"))
         return out
+
+
+def _rate_range(i: dict[str, Any] | None) -> str | None:
+    return None if i is None else f"{i['low']:.4g}-{i['high']:.4g}"
 
 
 def _attainment(a: dict[str, float] | None) -> str | None:

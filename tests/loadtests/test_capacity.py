@@ -10,6 +10,7 @@ import pytest
 
 from loadtests.capacity import doubling_plateau, refine_points
 from loadtests.cli import main
+from loadtests.config import StopRule
 from loadtests.run.server_process import ServerProcess
 from tests.loadtests.test_diagnose import check_nothing_lost
 
@@ -44,6 +45,13 @@ def test_no_users_rate_or_sweep_means_a_search() -> None:
     for explicit in (["--users", "8"], ["--rate", "2"], ["--sweep", "users=1,2"], ["--ablate"],
                      ["--workload", "trace:sample-mooncake"], ["--retest", "--users", "8"]):
         assert not is_search(parse(*explicit)), explicit
+    # A search's points end by their interval (--warmup and --duration are caps); a single point keeps its
+    # fixed schedule unless asked; --interval 0 turns the rule off.
+    assert configs[0].stop_rule == StopRule(DIAGNOSE_DEFAULTS["search_interval"] / 100)
+    assert configs_from_args(parse("--interval", "0"), DIAGNOSE_DEFAULTS)[0][0].stop_rule is None
+    assert configs_from_args(parse("--users", "8"), DIAGNOSE_DEFAULTS)[0][0].stop_rule is None
+    assert configs_from_args(parse("--users", "8", "--interval", "10"), DIAGNOSE_DEFAULTS)[0][0].stop_rule == \
+        StopRule(0.1)
     # --retest alone searches first, then reruns the verdict's point with the lever pulled
     assert is_search(parse("--retest"))
 
@@ -144,3 +152,24 @@ def test_a_point_whose_every_request_outlasts_it_is_overloaded_not_broken(tmp_pa
     assert overloaded_point(_point(tmp_path, "failed", [(True, 28.0, 200), (True, 29.0, 503)])) is None
     assert overloaded_point(_point(tmp_path, "measured", [(True, 3.0, 200), (False, 9.0, 200)])) is None
     assert overloaded_point(tmp_path / "never-ran") is None
+
+
+def test_a_search_whose_first_point_measured_nothing_says_so(tmp_path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from loadtests.capacity import search_capacity
+    from loadtests.config import LoadConfig
+    from loadtests.errors import RunFailedError
+
+    def run_at(config: LoadConfig, run_dir) -> None:  # noqa: ANN001 - a Path
+        # A starved server (2026-12-06, a busy 2-core box): 1 user's one request took 79 s, past the point.
+        _point(run_dir.parent, run_dir.name, [(True, 79.0, 200)])
+
+    out = tmp_path / "search"
+    base = LoadConfig(users=1, duration_s=20.0, warmup_s=10.0, workload="fixed")
+    with pytest.raises(RunFailedError, match="measured nothing: its first point, users-1, was overloaded"):
+        search_capacity(base, out, run_at, Console(file=io.StringIO()), probed=True)
+    search = json.loads((out / "capacity.json").read_text())
+    assert search["order"] == [] and "nothing was measured" in search["stopped"]
