@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes.run_dir import DIAGNOSIS_NAME, SUMMARY_NAME
 from studies.llama_build import llama_server_binary
 from studies.servers import GGUF, free_port, stop, wait_ready
 
@@ -99,8 +100,8 @@ def run_one(binary: Path, run: Run, out: Path, threads: int = THREADS) -> dict[s
         finally:
             stop(proc)
     (out / "load.log").write_text(done.stdout + done.stderr)
-    diagnosis = json.loads((out / "run" / "diagnosis.json").read_text())
-    summary = json.loads((out / "run" / "summary.json").read_text())["points"][0]["client"] or {}
+    diagnosis = json.loads((out / "run" / DIAGNOSIS_NAME).read_text())
+    summary = json.loads((out / "run" / SUMMARY_NAME).read_text())["points"][0]["client"] or {}
     deciding = [e for e in diagnosis["evidence"] if e["name"] in diagnosis["deciding"]]
     return {"command": shlex.join([binary.name, *command[1:]]), "users": run.users, "returncode": done.returncode,
             "wall_s": round(wall_s, 1), "bottleneck": diagnosis["bottleneck"], "summary": diagnosis["summary"],

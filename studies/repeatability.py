@@ -34,6 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from probes.run_dir import DIAGNOSIS_NAME
 from reports.whole_table import print_whole
 
 
@@ -63,7 +64,7 @@ class RunResult:
 
 def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: float, returncode: int) -> RunResult:
     """What one run's ``diagnosis.json`` says of its capacity and verdict (Nones where it wrote none)."""
-    path = out / "diagnosis.json"
+    path = out / DIAGNOSIS_NAME
     diagnosis: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     c = diagnosis.get("capacity") or {}
     interval, rate = c.get("interval") or {}, c.get("output_tokens_per_s_interval") or {}

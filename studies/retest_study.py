@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, RETEST_NAME
+
 LOAD = ("--duration", "20", "--warmup", "3")
 
 
@@ -69,11 +71,11 @@ def run_scenario(scenario: StudyScenario, root: Path) -> dict[str, Any]:
     log = root / f"{scenario.name}.log"
     with open(log, "w") as f:
         subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False, timeout=1200)
-    before = json.loads((out / "round-0" / "diagnosis.json").read_text())
-    retest = json.loads((out / "retest.json").read_text())
+    before = json.loads((out / "round-0" / DIAGNOSIS_NAME).read_text())
+    retest = json.loads((out / RETEST_NAME).read_text())
     model = (before.get("predictions") or {}).get("step_model") or {}
     pull = retest["pulls"][0] if retest["pulls"] else None
-    calibration_path = out / "round-0" / "step_calibration.json"
+    calibration_path = out / "round-0" / CALIBRATION_NAME
     calibration = json.loads(calibration_path.read_text()) if calibration_path.is_file() else {}
     named = next((lv for lv in before.get("levers") or [] if lv["lever"] == (before.get("predictions") or {}).get("best")),
                  None)

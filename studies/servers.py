@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.run.target import discover_target, probe_request
+from probes.run_dir import DIAGNOSIS_NAME, SUMMARY_NAME
 
 GGUF = Path.home() / ".cache" / "servescope" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TF_ENV = Path(os.environ.get("PEERS_TF", "/work/peers/tf"))
@@ -145,7 +146,7 @@ def load_argv(url: str, server: Server, args: argparse.Namespace, out: Path) -> 
 
 def read_run(out: Path) -> dict[str, Any]:
     """Each point's output tok/s and TPOT p50 (summary.json), the dropped fields (load.json) and the verdict."""
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / SUMMARY_NAME).read_text())
     points = []
     for point in summary["points"]:
         client = point["client"] or {}
@@ -157,7 +158,7 @@ def read_run(out: Path) -> dict[str, Any]:
     dropped: set[str] = set()
     for load_json in out.rglob("load.json"):
         dropped.update(json.loads(load_json.read_text()).get("dropped_fields") or [])
-    diagnosis = json.loads((out / "diagnosis.json").read_text()) if (out / "diagnosis.json").exists() else {}
+    diagnosis = json.loads((out / DIAGNOSIS_NAME).read_text()) if (out / DIAGNOSIS_NAME).exists() else {}
     return {"points": points, "dropped_fields": sorted(dropped),
             "diagnosis": {k: diagnosis.get(k) for k in ("bottleneck", "confidence_label", "source", "summary",
                                                          "lever")}}
