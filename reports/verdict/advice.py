@@ -63,6 +63,13 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
         return ("offer more load (more users or a higher rate) to find the server's limit",
                 f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
     more_load = "offer more load (more users or a higher rate) to find the server's limit"
+    if s is not None and s.waiting_share is not None and s.waiting_share > NO_QUEUE_SHARE:
+        # NOTE: the fallback with a queue: no finding's rules all held, so nothing was shown to bind, but the
+        # queue says the load is not the limit either; say so rather than claim nothing binds.
+        return ("pull the lever predicted to gain most (the levers), then measure again",
+                f"requests were waiting in {pct(s.waiting_share)} of the busy time and the engine was stepping "
+                f"{pct(s.busy_fraction)} of the window, so the offered load is not the limit, but no bottleneck's "
+                f"evidence was complete (see the evidence): which limit binds is undecided")
     if s is not None:
         return more_load, "every request was admitted and nothing inside the server binds: the offered load is the limit"
     return more_load, _outside_none_summary(facts)

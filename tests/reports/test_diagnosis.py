@@ -65,3 +65,19 @@ def test_a_finding_needs_all_of_and_one_of_any_of() -> None:
     assert not finding.fires({**base, "a": evidence("a", None)})  # unmeasurable, not allowed
     assert not finding.fires({**base, "d": evidence("d", False)})
     assert [e.name for e in finding.deciding(base)] == ["a", "b", "d"]
+
+
+def test_the_engine_fallback_with_a_queue_does_not_say_nothing_binds() -> None:
+    """No finding held, yet requests waited: the summary says the load is not the limit and the bottleneck is
+    undecided, never "nothing inside the server binds" (a claim the queue contradicts)."""
+    from types import SimpleNamespace
+
+    from reports.verdict.advice import lever_for
+    from reports.verdict.evidence import Facts
+
+    def summary(waiting_share: float) -> str:
+        server = SimpleNamespace(waiting_share=waiting_share, busy_fraction=0.99)
+        return lever_for("none", Facts(server=server, client=None, prometheus=None, roofline=None), [])[1]
+
+    assert "undecided" in summary(0.83) and "83%" in summary(0.83) and "nothing inside" not in summary(0.83)
+    assert "nothing inside the server binds" in summary(0.0)
