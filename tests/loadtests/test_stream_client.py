@@ -10,7 +10,7 @@ import select
 
 import pytest
 
-from loadtests.client.stream_client import StreamClient
+from loadtests.client.stream_client import NO_ANSWER, StreamClient
 from tests.loadtests.replay_server import DROP, recorded, replay_server
 
 BODY = json.dumps({"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 8, "stream": True}).encode()
@@ -29,7 +29,10 @@ def test_a_pooled_connection_closed_before_any_answer_is_sent_again_once_on_a_fr
     assert [status for status, _, _ in results] == [200] * 6
     assert all(b"data: [DONE]" in lines for _, lines, _ in results)
     assert results[0][2] is None  # the first went on a fresh connection
-    assert all(retry is not None and "RemoteDisconnected" in retry for _, _, retry in results[1:])
+    # NOTE: how the close reaches the client is the OS's timing: an EOF (RemoteDisconnected), or a reset or broken
+    # pipe when the close meets the request still being written (seen once on a clean CI run); each is "no answer"
+    no_answer = {kind.__name__ for kind in NO_ANSWER}
+    assert all(retry is not None and retry.split(":")[0] in no_answer for _, _, retry in results[1:]), results
     assert client.num_retries == 5 and server.num_closed_unanswered == 5
     assert server.num_posts == 6  # the server saw each request once: the unanswered ones it never read
     assert client.num_connections == 6
