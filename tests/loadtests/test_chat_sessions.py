@@ -42,8 +42,12 @@ def test_each_turn_resends_the_history_and_hits_the_prefix_cache(tmp_path, dummy
     assert rows["is_ok"].all() and len(rows) >= TURNS
     rows["turn"] = [plan[i].turn for i in rows["plan_index"]]
     resent = 0
-    for _, session in rows.groupby(["worker", "group"]):
-        session = session.sort_values("turn")
+    sessions = []
+    for _, sent in rows.groupby(["worker", "group"]):
+        # NOTE: a user that runs through the plan's sessions starts them again from turn 0: each pass is a session
+        sent = sent.sort_values("send_time")
+        sessions += [passed for _, passed in sent.groupby((sent["turn"] == 0).cumsum().to_numpy())]
+    for session in sessions:
         turns = list(session["turn"])
         assert turns == list(range(len(turns))), "a session's turns go out in order, once each"
         prompt, cached = list(session["num_prompt_tokens"]), list(session["num_cached_tokens"])
