@@ -3,6 +3,7 @@
 #ifndef SERVESCOPE_CPU_KERNELS_H
 #define SERVESCOPE_CPU_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,26 @@ static inline uint16_t f32_to_bf16(float f) {
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
     v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even, as torch does */
     return (uint16_t)(v.u >> 16);
+}
+
+/* e^x, branch-free so that the loops over it (the SiLU, the softmax) vectorize; libm's expf is a call per
+ * element. 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2, e^r by its Taylor series to r^6 (relative
+ * error about 1e-7, a float's own rounding). x is clamped to where 2^n stays a normal float. */
+static inline __attribute__((always_inline)) float exp_f32(float x) {
+    x = x < -87.0f ? -87.0f : x; /* NOTE: not fminf/fmaxf: their NaN rules keep the loop scalar */
+    x = x > 88.0f ? 88.0f : x;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, x); /* ln 2 in two parts: the first exact in float */
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 720.0f;
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
 }
 
 /* Activations of M rows quantized per group of 32: xq [M, K] int16, dx [M, G] steps, sx [M, G] = sum(x). */

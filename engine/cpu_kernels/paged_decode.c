@@ -97,7 +97,7 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
             const int64_t len = seq_lens[bh / H];                                                          \
             float *s = scores + bh * max_len, m = s[0], sum = 0.0f;                                        \
             for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                      \
-            for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); sum += s[t]; }                       \
+            for (int64_t t = 0; t < len; t++) { s[t] = exp_f32(s[t] - m); sum += s[t]; }                       \
             for (int64_t t = 0; t < len; t++) s[t] = ROUND(s[t] / sum);                                    \
         }                                                                                                  \
         _Pragma("omp for schedule(dynamic, 1)")                                                            \
