@@ -127,11 +127,48 @@ def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> N
     prof.export_chrome_trace(out_path + ".trace.json")
 
 
+def _copy_bandwidths(thread_counts: set[int]) -> dict[int, float]:
+    """This machine's copy bandwidth (bytes read + written per second, ``probes/peaks.py``) per thread count."""
+    from probes.peaks import measure_peaks
+
+    return {t: measure_peaks("cpu", "float32", dtypes=("float32",), num_threads=t).bandwidth_bytes_per_s
+            for t in sorted(thread_counts)}
+
+
+def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], before: dict[int, float],
+                      threads: dict[str, int], default_threads: int) -> float:
+    """Print each engine's weight read rate against the copy bandwidth measured before and after the rounds.
+
+    The share is taken against the machine's copy bandwidth on all its threads (``default_threads``), the
+    best of the two measurements: the strict reference, whatever threads the engine itself runs on. The
+    copy bandwidth at the engine's own thread count is printed beside it.
+    """
+    after = _copy_bandwidths(set(before))
+    best = {t: max(before[t], after[t]) for t in before}
+    for t in sorted(before):
+        print(f"\ncopy bandwidth on {t} thread(s): {before[t] / 1e9:.1f} GB/s before the rounds, "
+              f"{after[t] / 1e9:.1f} after (probes/peaks.py, best of 5 copies of 128 MiB)", end="")
+    print()
+    machine = best[default_threads]
+    for name, runner in runners.items():
+        nbytes = weight_bytes_per_token(runner) if isinstance(runner, LLMEngine) else None
+        if nbytes is None:
+            continue
+        rate = nbytes / report[name]["tpot_p50_s"]
+        own = best[threads[name]]
+        report[name].update(weight_bytes=nbytes, weight_gb_s=rate / 1e9, of_copy_bandwidth=rate / machine,
+                            of_copy_bandwidth_same_threads=rate / own)
+        print(f"{name:<48} {nbytes / 1e6:6.1f} MB per token, {rate / 1e9:5.1f} GB/s = {rate / machine:.0%} of the "
+              f"machine's copy bandwidth ({machine / 1e9:.1f} GB/s, {default_threads} threads); {rate / own:.0%} of "
+              f"the copy on its own {threads[name]} thread(s)")
+    return machine
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", action="append", default=[], help="engine flags of one configuration (repeatable)")
     p.add_argument("--hf", action="append", default=[],
-                   help="dtype of an HF generate baseline (repeatable; float32 when none is given)")
+                   help="dtype of an HF generate baseline (repeatable; float32 when none is given; 'none' for no baseline)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -141,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth", action="store_true", help="print each engine's single-stream bandwidth use")
     args = p.parse_args(argv)
     args.hf = args.hf or ["float32"]  # the ratio column's reference
+    args.hf = [] if args.hf == ["none"] else args.hf
     if args.threads:
         torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
     loaded: dict[str, LoadedModel] = {}
     runners: dict[str, object] = {}
     for flags in args.engine:
@@ -162,43 +201,41 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {args.profile}.{i}.txt")
         return 0
     run = {name: (engine_run if isinstance(r, LLMEngine) else hf_run) for name, r in runners.items()}
+    # NOTE: an engine's --num-threads sets torch's threads for the whole process when it is built, so each
+    # configuration gets its own count back before every run of it (the last one built no longer decides).
+    threads = {name: (r.config.num_threads if isinstance(r, LLMEngine) else None) or default_threads
+               for name, r in runners.items()}
     for name, runner in runners.items():  # warm-up: kernels and buffers for every shape
+        torch.set_num_threads(threads[name])
         run[name](runner, prompt_ids, 8)
+    copy_before = _copy_bandwidths({default_threads, *threads.values()}) if args.bandwidth else {}
     timings = {name: Timings() for name in runners}
     names = list(runners)
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             gc.collect()
+            torch.set_num_threads(threads[name])
             tpot, tokens = run[name](runners[name], prompt_ids, args.max_tokens)
             timings[name].tpot_s.append(tpot)
             timings[name].tokens = tokens
     reference = next((n for n in names if n.startswith("HF generate float32")), names[0])
     ref_tpot = statistics.median(timings[reference].tpot_s)
     report = {}
-    print(f"{'configuration':<48} {'TPOT p50 ms':>11} {'tok/s':>7} {'vs ' + reference[:20]:>24}  same tokens")
+    print(f"{'configuration':<48} {'threads':>7} {'TPOT p50 ms':>11} {'tok/s':>7} {'vs ' + reference[:20]:>24}"
+          f"  same tokens")
     for name in names:
         tpot = statistics.median(timings[name].tpot_s)
         same = timings[name].tokens == timings[reference].tokens
         report[name] = {"tpot_s": timings[name].tpot_s, "tpot_p50_s": tpot, "ratio": tpot / ref_tpot,
-                        "same_tokens_as_reference": same}
-        print(f"{name:<48} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
+                        "same_tokens_as_reference": same, "threads": threads[name]}
+        print(f"{name:<48} {threads[name]:7d} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
     copy_bw = None
     if args.bandwidth:
-        from probes.peaks import measure_peaks
-
-        copy_bw = measure_peaks("cpu", "float32", dtypes=("float32",)).bandwidth_bytes_per_s
-        print(f"\ncopy bandwidth {copy_bw / 1e9:.1f} GB/s (probes/peaks.py, best of 5 copies of 128 MiB)")
-        for name, runner in runners.items():
-            nbytes = weight_bytes_per_token(runner) if isinstance(runner, LLMEngine) else None
-            if nbytes is None:
-                continue
-            rate = nbytes / report[name]["tpot_p50_s"]
-            report[name].update(weight_bytes=nbytes, weight_gb_s=rate / 1e9, of_copy_bandwidth=rate / copy_bw)
-            print(f"{name:<48} {nbytes / 1e6:6.1f} MB per token, {rate / 1e9:5.1f} GB/s = {rate / copy_bw:.0%} of copy")
+        copy_bw = _report_bandwidth(runners, report, copy_before, threads, default_threads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"reference": reference, "max_tokens": args.max_tokens, "rounds": args.rounds,
-                       "threads": torch.get_num_threads(), "copy_bandwidth_bytes_per_s": copy_bw,
+                       "threads": default_threads, "copy_bandwidth_bytes_per_s": copy_bw,
                        "results": report}, f, indent=2)
     return 0
 
