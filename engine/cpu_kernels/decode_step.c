@@ -159,7 +159,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
         sizeof(int64_t) * (size_t)(2 * num_items),         /* attention items */
         sizeof(float) * (size_t)(M * H * max_len),         /* attention scores */
         sizeof(float) * (size_t)(M * max_chunks * H * D),  /* attention partial sums */
-        quant_scratch_bytes(M, widest, num_threads),       /* int8 activations */
+        quant_scratch_bytes(M, widest, num_threads),       /* quantized activations */
     };
     size_t need = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) need += (sizes[i] + 63) & ~(size_t)63;
@@ -180,9 +180,9 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
     {
         QuantActs acts_n, acts_i, acts_hd; /* the same scratch, split for each input width */
         float *rows_n, *rows_i, *rows_hd;
-        quant_scratch_split(quant, M, n, &acts_n, &rows_n);
-        quant_scratch_split(quant, M, I, &acts_i, &rows_i);
-        quant_scratch_split(quant, M, H * D, &acts_hd, &rows_hd);
+        quant_scratch_split(quant, M, n, num_threads, &acts_n, &rows_n);
+        quant_scratch_split(quant, M, I, num_threads, &acts_i, &rows_i);
+        quant_scratch_split(quant, M, H * D, num_threads, &acts_hd, &rows_hd);
         add_rms_norm_rows(md, M, NULL, residual, hidden, md->input_norm[0]);
         for (int64_t l = 0; l < md->num_layers; l++) {
             quant_gemm_team(hidden, bf, M, n, md->qkv[l], 4, width, qkv, bf, &acts_n, rows_n);

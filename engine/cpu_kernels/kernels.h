@@ -49,7 +49,7 @@ typedef struct {
 } QuantActs;
 
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads);
-void quant_scratch_split(void *scratch, int64_t M, int64_t K, QuantActs *a, float **rows);
+void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, QuantActs *a, float **rows);
 void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
                      void *out, int out_bf16, const QuantActs *acts, float *rows);
 

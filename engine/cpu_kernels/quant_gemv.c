@@ -325,22 +325,52 @@ static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *
     }
 }
 
-/* Inside a running thread team (orphaned omp for): quantize x's rows into `acts`, then every tile. `rows` is
- * K floats of scratch per thread of the team. Ends on the team's barrier: `out` is complete on return. */
+/* Batches of at most this many rows are quantized by every thread of the team into its own copy, instead of
+ * once, shared, behind a barrier: a decode step of one sequence runs ~120 GEMVs, and with one row the other
+ * threads would only wait (quantizing a row costs less than the barrier and the wait). */
+#define PRIVATE_ROWS 4
+
+static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes of one copy of M rows' quantized activations: xq, then dx and sx. */
+static size_t acts_stride(int64_t M, int64_t K) {
+    return align64(2 * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
+}
+
+static QuantActs acts_at(char *base, int64_t M, int64_t K) {
+    QuantActs a;
+    a.xq = (int16_t *)base;
+    a.dx = (float *)(base + align64(2 * (size_t)(M * K)));
+    a.sx = a.dx + M * (K / GROUP);
+    return a;
+}
+
+/* Inside a running thread team (orphaned omp for): quantize x's rows into `acts` (or, for a few rows, each
+ * thread into its own copy after it), then every tile. `rows` is K floats of scratch per thread of the team.
+ * Ends on the team's barrier: `out` is complete on return. */
 void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
                      void *out, int out_bf16, const QuantActs *acts, float *rows) {
     const int64_t G = K / GROUP, num_tiles = (N + TILE - 1) / TILE;
     const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
 #ifdef _OPENMP
-    float *row = rows + (int64_t)omp_get_thread_num() * K;
+    const int thread = omp_get_thread_num();
 #else
-    float *row = rows;
+    const int thread = 0;
 #endif
-    #pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, acts, row);
+    float *row = rows + (int64_t)thread * K;
+    const int num_threads = omp_team_size();
+    QuantActs own;
+    const QuantActs *use = acts;
+    if (M <= PRIVATE_ROWS && num_threads > 1) {
+        own = acts_at((char *)acts->xq + (size_t)thread * acts_stride(M, K), M, K);
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, &own, row);
+        use = &own;
+    } else {
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, acts, row);
+    }
     /* NOTE: dynamic, in chunks of a few tiles: a thread the OS preempts (on a 2-core machine the HTTP server
      * and anything else compete with the team) leaves its tiles to the others instead of stalling the step. */
-    const int num_threads = omp_team_size();
     const int64_t chunk = num_tiles / (num_threads * 16) > 1 ? num_tiles / (num_threads * 16) : 1;
     #pragma omp for schedule(dynamic, chunk)
     for (int64_t t = 0; t < num_tiles; t++) {
@@ -348,27 +378,25 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
         float acc[MBLOCK * TILE] __attribute__((aligned(64)));
         for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
             const int64_t left = M - m0;
-            tile_rows(rec, bits, G, acts, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
+            tile_rows(rec, bits, G, use, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
             store_rows(acc, left >= MBLOCK ? MBLOCK : (int)left, m0, t * TILE, N, out, out_bf16);
         }
     }
 }
 
-/* Bytes of scratch quant_gemm_team needs for M rows of K inputs on `threads` threads. */
+/* Bytes of scratch quant_gemm_team needs for M rows of K inputs on `threads` threads: the quantized
+ * activations (one copy per thread for a few rows), then K floats per thread. */
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads) {
-    const int64_t G = K / GROUP;
-    return ((2 * (size_t)(M * K) + 63) & ~(size_t)63) + 2 * sizeof(float) * (size_t)(M * G)
-           + sizeof(float) * (size_t)(threads * K);
+    const size_t copies = M <= PRIVATE_ROWS ? (size_t)threads : 1;
+    return copies * acts_stride(M, K) + sizeof(float) * (size_t)(threads * K);
 }
 
-/* Carve `scratch` (quant_scratch_bytes of it, 64-byte aligned) into the activations and per-thread rows. */
-void quant_scratch_split(void *scratch, int64_t M, int64_t K, QuantActs *a, float **rows) {
-    const int64_t G = K / GROUP;
-    char *p = scratch;
-    a->xq = (int16_t *)p;
-    a->dx = (float *)(p + ((2 * (size_t)(M * K) + 63) & ~(size_t)63));
-    a->sx = a->dx + M * G;
-    *rows = (float *)(a->sx + M * G);
+/* Carve `scratch` (quant_scratch_bytes of it for `threads`, 64-byte aligned) into the activations and the
+ * per-thread rows. */
+void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, QuantActs *a, float **rows) {
+    const size_t copies = M <= PRIVATE_ROWS ? (size_t)threads : 1;
+    *a = acts_at(scratch, M, K);
+    *rows = (float *)((char *)scratch + copies * acts_stride(M, K));
 }
 
 /* The activations' scratch of quant_gemm, per calling thread, grown on demand and kept (a step calls it often). */
@@ -392,7 +420,7 @@ int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *p
     }
     QuantActs acts;
     float *rows;
-    quant_scratch_split(scratch, M, K, &acts, &rows);
+    quant_scratch_split(scratch, M, K, num_threads, &acts, &rows);
     #pragma omp parallel num_threads(num_threads)
     quant_gemm_team(x, x_bf16, M, K, packed, bits, N, out, out_bf16, &acts, rows);
     return 0;
