@@ -100,6 +100,17 @@ def spread(results: list[RunResult]) -> dict[str, Any]:
             "verdicts": verdicts, "same_verdict": len(set(verdicts)) == 1}
 
 
+def _spread_line(s: dict[str, Any]) -> str:
+    """The capacity and throughput spread in words; runs that named no capacity are counted, not averaged in."""
+    unnamed = sum(c is None for c in s["capacities"])
+    if unnamed == s["num_runs"]:
+        return f"no run named a capacity ({unnamed} of {s['num_runs']}): nothing to compare"
+    line = (f"capacity {s['capacities']} users, {s['capacity_steps_apart']} search steps apart; throughput at "
+            f"capacity max/min {s['output_tokens_per_s_max_over_min']:.3f}, within "
+            f"±{s['output_tokens_per_s_within']:.1%} of the mean")
+    return line + (f" ({unnamed} of {s['num_runs']} runs named no capacity and are left out)" if unnamed else "")
+
+
 @contextlib.contextmanager
 def held(lock: Path | None) -> Iterator[None]:
     """An exclusive lock on ``lock`` while the block runs (nothing without one)."""
@@ -172,11 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         {"command": command, "runs": [asdict(r) for r in results], "spread": s}, indent=2))
     console = Console()
     print_whole(console, results_table(results, s, command))
-    within = s["output_tokens_per_s_within"]
-    console.print(f"capacity {s['capacities']} users, {s['capacity_steps_apart']} search steps apart; throughput at "
-                  f"capacity max/min {s['output_tokens_per_s_max_over_min'] or float('nan'):.3f}, within "
-                  f"±{(within or float('nan')):.1%} of the mean; verdicts {s['verdicts']}"
-                  f"{' (the same)' if s['same_verdict'] else ' (they differ)'}", highlight=False)
+    console.print(f"{_spread_line(s)}; verdicts {s['verdicts']}{' (the same)' if s['same_verdict'] else ' (they differ)'}",
+                  highlight=False)
     print_whole(console, points_table(results))
     return 0 if all(r.returncode == 0 for r in results) else 1
 
