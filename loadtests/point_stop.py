@@ -17,7 +17,7 @@ about once a second and decides:
 
 Each decision goes to the workers as a :class:`loadtests.client.point_control.PointControl` whose times lie
 ahead (``LEAD_S``) and on whole sub-windows from the window's start. The point's reported interval is
-recomputed afterwards from the finished requests' token times (:mod:`reports.capacity.result`); the live
+recomputed afterwards from the finished requests' token times (:mod:`reports.capacity.point`); the live
 one counts chunks, which are tokens for a server that streams one token per chunk.
 """
 

@@ -23,7 +23,8 @@ from probes.server_info import SERVER_INFO_NAME, ServerInfo
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
 from probes.step_calibration import StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
-from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
+from reports.capacity.records import Capacity, read_search
+from reports.capacity.result import capacity_focus, capacity_result
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.failures import failure_counts
 from reports.health import RunHealth, run_health
@@ -141,7 +142,7 @@ class Diagnosis:
     label: str = ""
     levers: list[dict[str, Any]] = field(default_factory=list)  # reports.levers.predictions.LeverPrediction, best first
     predictions: dict[str, Any] | None = None  # the step model, the replay check and the predicted verdict
-    capacity: dict[str, Any] | None = None  # reports.capacity.result.Capacity, after a capacity search
+    capacity: dict[str, Any] | None = None  # reports.capacity.records.Capacity, after a capacity search
 
     @property
     def has_verdict(self) -> bool:
