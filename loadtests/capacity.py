@@ -4,7 +4,7 @@ Closed-loop users start at 1 and double until throughput has failed to rise ``MI
 over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the points around the last rise
 are filled in, so the knee fit (reports.capacity.knee) has points on both
 sides of it. When requests queue past the knee, the capacity point is rerun with
-``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.result), which
+``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.limit), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
 ``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
 be judged (reports.health) stops the search; so does a point whose requests fail from overload
@@ -26,14 +26,10 @@ from probes.manifest import RunStatus
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
 from reports.capacity.interval import RateInterval
+from reports.capacity.limit import UNQUEUED_DECODING_SHARE, is_serial
 from reports.capacity.other_load import BUSY_CORES
-from reports.capacity.result import (
-    UNQUEUED_DECODING_SHARE,
-    CapacitySearch,
-    capacity_result,
-    focus_users,
-    is_serial,
-)
+from reports.capacity.records import CapacitySearch
+from reports.capacity.result import capacity_result, focus_users
 from reports.dataset import RunDataset
 from reports.health import point_failures
 from reports.summary import point_measures
@@ -231,7 +227,7 @@ def overloaded_point(run_dir: Path) -> str | None:
 def _measure(run_dir: Path, slo_attainment: float) -> tuple[_Measured | None, str | None]:
     """The point's throughput (and whether its SLO held), None when it cannot be judged; and, when its
     requests failed from overload past reports.health's share, those failures in words."""
-    from reports.capacity.result import capacity_point
+    from reports.capacity.point import capacity_point
 
     data = RunDataset.load(run_dir)
     measures = point_measures(data)
@@ -260,7 +256,7 @@ def _was_overloaded(search: CapacitySearch, users: int) -> bool:
     return any(o["users"] == users for o in search.overloaded)
 
 
-def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.result.Capacity
+def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.records.Capacity
     points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
     return capacity_result(out, search, points, [point_measures(p) for p in points])
 

@@ -17,13 +17,12 @@ about once a second and decides:
 
 Each decision goes to the workers as a :class:`loadtests.client.point_control.PointControl` whose times lie
 ahead (``LEAD_S``) and on whole sub-windows from the window's start. The point's reported interval is
-recomputed afterwards from the finished requests' token times (:mod:`reports.capacity.result`); the live
+recomputed afterwards from the finished requests' token times (:mod:`reports.capacity.point`); the live
 one counts chunks, which are tokens for a server that streams one token per chunk.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from loadtests.client.point_control import LEAD_S, PointControl
-from loadtests.client.records import HEALTH_PREFIX, JOURNAL_SUFFIX
+from loadtests.client.records import HEALTH_PREFIX, JOURNAL_SUFFIX, JsonLinesTail
 from loadtests.config import LoadConfig, StopRule
 from probes.run_dir import CONTROL_NAME, RunDirectory
 from reports.capacity.interval import SUB_WINDOW_S, batch_means_interval
@@ -68,20 +67,12 @@ class LiveProgress:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self._offsets: dict[Path, int] = {}
+        self._tail = JsonLinesTail()
         self._samples: dict[str, list[tuple[float, int, int, int, int]]] = {}
 
     def poll(self) -> None:
-        for path in sorted(self.run_dir.glob(f"{HEALTH_PREFIX}*{JOURNAL_SUFFIX}")):
-            offset = self._offsets.get(path, 0)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            for line in data[:end].splitlines():
-                if line.strip():
-                    self.add(json.loads(line))
-            self._offsets[path] = offset + end
+        for sample in self._tail.poll(sorted(self.run_dir.glob(f"{HEALTH_PREFIX}*{JOURNAL_SUFFIX}"))):
+            self.add(sample)
 
     def add(self, sample: dict[str, Any]) -> None:
         """One health sample; those without the load's counts (an older worker) are skipped."""

@@ -21,7 +21,7 @@ This module owns the layout; every writer and reader of a run directory goes thr
 
 A sweep directory holds ``sweep.json`` (:class:`SweepIndex`) and one run directory per point; an
 ablation directory holds ``ablation.json`` and one directory per variant. A capacity search's directory
-is a sweep's with ``capacity.json`` (reports.capacity.result.CapacitySearch); each round of a
+is a sweep's with ``capacity.json`` (reports.capacity.records.CapacitySearch); each round of a
 ``--retest`` holds ``retest.json`` (the lever pulled to reach it, what the lever it named gave).
 
 NOTE: every file appears only through a temp file + ``os.replace``, so a reader (or a run that

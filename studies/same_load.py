@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studies.servers import GGUF, SERVESCOPE, read_run, stop, wait_ready
+from studies.servers import (
+    GGUF,
+    SERVESCOPE,
+    add_load_arguments,
+    cpu_and_flags,
+    read_run,
+    run_load,
+    stop,
+    wait_ready,
+)
 from studies.servers import free_port as _free_port
 
 SERVED_NAME = "smollm2-135m"
@@ -85,11 +94,7 @@ def run_target(target: Target, args: argparse.Namespace, work: Path) -> dict[str
         out = work / target.name.replace(" ", "_")
         argv = load_argv(url, args, out)
         print(f"   ready in {ready_s:.0f} s; {shlex.join(argv)}", flush=True)
-        with (work / f"{target.name.replace(' ', '_')}.load.log").open("w") as load_log:
-            # NOTE: load exits 1 when its diagnosis has no verdict; the figures it measured still count.
-            returncode = subprocess.run(argv, env=env, stdout=load_log, stderr=subprocess.STDOUT,
-                                        timeout=len(args.users.split(",")) * (args.duration + args.warmup + 180) + 120
-                                        ).returncode
+        returncode = run_load(argv, args, env, work / f"{target.name.replace(' ', '_')}.load.log")
         result = {"load_returncode": returncode, **read_run(out)}
     finally:
         stop(proc)
@@ -136,10 +141,7 @@ def main() -> int:
     parser.add_argument("--np", default="8", help="llama-server slots, comma-separated: one run per value")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ours", action="append", default=[], help="servescope serve flags (repeatable)")
-    parser.add_argument("--users", default="1,8")
-    parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    add_load_arguments(parser, users="1,8")
     args = parser.parse_args()
     targets = [llama_target(b, int(n), args.threads) for b in args.llama for n in args.np.split(",")]
     targets += [ours_target(flags) for flags in args.ours]
@@ -147,9 +149,7 @@ def main() -> int:
         parser.error("nothing to run: give --llama and/or --ours")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
-    flags = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in lscpu.split()]
+    model, flags = cpu_and_flags(("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"))
     results: list[dict[str, Any]] = []
     report = {"started": started, "cpu": model, "cpu_flags": flags, "nproc": os.cpu_count(), "argv": sys.argv,
               "servers": results}

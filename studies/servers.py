@@ -144,6 +144,30 @@ def load_argv(url: str, server: Server, args: argparse.Namespace, out: Path) -> 
     return argv
 
 
+def add_load_arguments(parser: argparse.ArgumentParser, users: str) -> None:
+    """The load every server gets: the users of the sweep, each point's window and the tokens each request asks for."""
+    parser.add_argument("--users", default=users)
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--max-tokens", type=int, default=48)
+
+
+def run_load(argv: list[str], args: argparse.Namespace, env: dict[str, str], log: Path) -> int:
+    """Run one ``servescope load`` (``argv``) to its end, its output into ``log``; its exit status."""
+    with log.open("w") as load_log:
+        # NOTE: load exits 1 when its diagnosis has no verdict; the figures it measured still count.
+        return subprocess.run(argv, env=env, stdout=load_log, stderr=subprocess.STDOUT,
+                              timeout=len(args.users.split(",")) * (args.duration + args.warmup + 180) + 120
+                              ).returncode
+
+
+def cpu_and_flags(wanted: tuple[str, ...]) -> tuple[str, list[str]]:
+    """This machine's CPU model (``lscpu``) and which of the ``wanted`` CPU flags it has."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
+    return model, [f for f in wanted if f in lscpu.split()]
+
+
 def read_run(out: Path) -> dict[str, Any]:
     """Each point's output tok/s and TPOT p50 (summary.json), the dropped fields (load.json) and the verdict."""
     summary = json.loads((out / SUMMARY_NAME).read_text())
@@ -184,11 +208,7 @@ def run_server(server: Server, args: argparse.Namespace, work: Path) -> dict[str
         out = work / server.name
         argv = load_argv(url, server, args, out)
         print(f"   ready in {ready_s:.0f} s; {shlex.join(argv)}", flush=True)
-        with (work / f"{server.name}.load.log").open("w") as load_log:
-            # NOTE: load exits 1 when its diagnosis has no verdict; the figures it measured still count.
-            returncode = subprocess.run(argv, env=env, stdout=load_log, stderr=subprocess.STDOUT,
-                                        timeout=len(args.users.split(",")) * (args.duration + args.warmup + 180) + 120
-                                        ).returncode
+        returncode = run_load(argv, args, env, work / f"{server.name}.load.log")
         result = {"load_returncode": returncode, **read_run(out)}
     finally:
         stop(proc)
@@ -230,10 +250,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--servers", default="ours,tf,tf-cb,llama")
-    parser.add_argument("--users", default="1,4,8,16")
-    parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    add_load_arguments(parser, users="1,4,8,16")
     parser.add_argument("--ours", action="append", default=[], metavar="NAME=FLAGS",
                         help="another servescope serve configuration, e.g. ours-bf16='--dtype bfloat16'")
     args = parser.parse_args()
@@ -245,9 +262,7 @@ def main() -> int:
         parser.error(f"unknown servers {unknown}; known: {', '.join(known)}")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    flags = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in cpu.split()]
+    model, flags = cpu_and_flags(("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
     results: list[dict[str, Any]] = []
     report = {"started": started, "cpu": model, "cpu_flags": flags, "nproc": os.cpu_count(),
               "argv": sys.argv, "servers": results}

@@ -24,25 +24,11 @@
 
 #define CHUNK_BLOCKS 4
 
-static inline float bf16_load(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
-}
-
-static inline uint16_t bf16_store(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN stays NaN */
-    v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(v.u >> 16);
-}
-
 static inline float f32_load(float x) { return x; }
 static inline float f32_store(float x) { return x; }
 /* Rounding to the storage type where the torch path stores an intermediate in it (its matmul outputs). */
 static inline float f32_round(float x) { return x; }
-static inline float bf16_round(float x) { return bf16_load(bf16_store(x)); }
+static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* How much scratch a batch needs: the longest context and the number of (sequence, chunk) work items. */
 void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *max_len, int64_t *num_items) {
@@ -149,4 +135,4 @@ int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *t
 }
 
 DEFINE_KERNEL(f32, float, f32_load, f32_store, f32_round)
-DEFINE_KERNEL(bf16, uint16_t, bf16_load, bf16_store, bf16_round)
+DEFINE_KERNEL(bf16, uint16_t, bf16_to_f32, f32_to_bf16, bf16_round)

@@ -17,6 +17,23 @@ import torch
 INT4_GROUP_SIZE = 32
 
 
+def _groups_fit(codes: torch.Tensor, *per_group: torch.Tensor) -> bool:
+    """``codes`` ``[N, K]`` with K a whole number of groups, and each of ``per_group`` ``[N, K / 32]``."""
+    num_rows, num_cols = codes.shape
+    groups = (num_rows, num_cols // INT4_GROUP_SIZE)
+    return not num_cols % INT4_GROUP_SIZE and all(tuple(t.shape) == groups for t in per_group)
+
+
+def _by_group(t: torch.Tensor) -> torch.Tensor:
+    """A ``[N, K]`` tensor as float32 ``[N, K / 32, 32]``: one row per group."""
+    return t.float().view(t.shape[0], -1, INT4_GROUP_SIZE)
+
+
+def _nonzero(scales: torch.Tensor) -> torch.Tensor:
+    """The scales to divide by: a zero scale (all values of the group equal) divides by 1 instead."""
+    return torch.where(scales > 0, scales, torch.ones_like(scales))
+
+
 @dataclass(frozen=True, slots=True)
 class Int4Groups:
     """``w[n, k] = scales[n, k // 32] * codes[n, k] + mins[n, k // 32]``; codes in 0..15."""
@@ -26,9 +43,7 @@ class Int4Groups:
     mins: torch.Tensor  # [N, K / 32] float32
 
     def __post_init__(self) -> None:
-        num_rows, num_cols = self.codes.shape
-        groups = (num_rows, num_cols // INT4_GROUP_SIZE)
-        if num_cols % INT4_GROUP_SIZE or tuple(self.scales.shape) != groups or tuple(self.mins.shape) != groups:
+        if not _groups_fit(self.codes, self.scales, self.mins):
             raise ValueError(f"int4 groups of {INT4_GROUP_SIZE} do not fit codes {tuple(self.codes.shape)}, "
                              f"scales {tuple(self.scales.shape)}, mins {tuple(self.mins.shape)}")
 
@@ -38,9 +53,7 @@ class Int4Groups:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[N, K]`` weight these codes stand for."""
-        num_rows, num_cols = self.codes.shape
-        grouped = self.codes.float().view(num_rows, -1, INT4_GROUP_SIZE)
-        return (grouped * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(num_rows, num_cols)
+        return (_by_group(self.codes) * self.scales.unsqueeze(-1) + self.mins.unsqueeze(-1)).view(self.shape)
 
     def permute_rows(self, order: torch.Tensor) -> Int4Groups:
         return Int4Groups(self.codes[order], self.scales[order], self.mins[order])
@@ -57,11 +70,10 @@ class Int4Groups:
         num_rows, num_cols = weight.shape
         if num_cols % INT4_GROUP_SIZE:
             raise ValueError(f"int4 needs the input size to be a multiple of {INT4_GROUP_SIZE}, got {num_cols}")
-        grouped = weight.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        grouped = _by_group(weight)
         low, high = grouped.amin(-1), grouped.amax(-1)
         scales = (high - low) / 15
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        codes = ((grouped - low.unsqueeze(-1)) / safe.unsqueeze(-1)).round().clamp_(0, 15)
+        codes = ((grouped - low.unsqueeze(-1)) / _nonzero(scales).unsqueeze(-1)).round().clamp_(0, 15)
         return Int4Groups(codes.to(torch.uint8).view(num_rows, num_cols), scales, low)
 
 
@@ -73,8 +85,7 @@ class Int8Groups:
     scales: torch.Tensor  # [N, K / 32] float32
 
     def __post_init__(self) -> None:
-        num_rows, num_cols = self.codes.shape
-        if num_cols % INT4_GROUP_SIZE or tuple(self.scales.shape) != (num_rows, num_cols // INT4_GROUP_SIZE):
+        if not _groups_fit(self.codes, self.scales):
             raise ValueError(f"int8 groups of {INT4_GROUP_SIZE} do not fit codes {tuple(self.codes.shape)}, "
                              f"scales {tuple(self.scales.shape)}")
 
@@ -84,9 +95,7 @@ class Int8Groups:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 ``[N, K]`` weight these codes stand for."""
-        num_rows, num_cols = self.codes.shape
-        grouped = self.codes.float().view(num_rows, -1, INT4_GROUP_SIZE)
-        return (grouped * self.scales.unsqueeze(-1)).view(num_rows, num_cols)
+        return (_by_group(self.codes) * self.scales.unsqueeze(-1)).view(self.shape)
 
     @staticmethod
     def from_float(weight: torch.Tensor) -> Int8Groups:
@@ -94,10 +103,9 @@ class Int8Groups:
         num_rows, num_cols = weight.shape
         if num_cols % INT4_GROUP_SIZE:
             raise ValueError(f"int8 groups need the input size to be a multiple of {INT4_GROUP_SIZE}, got {num_cols}")
-        grouped = weight.float().view(num_rows, -1, INT4_GROUP_SIZE)
+        grouped = _by_group(weight)
         scales = (grouped.abs().amax(-1) / 127).half().float()
-        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        codes = (grouped / safe.unsqueeze(-1)).round().clamp_(-127, 127)
+        codes = (grouped / _nonzero(scales).unsqueeze(-1)).round().clamp_(-127, 127)
         return Int8Groups(codes.to(torch.int8).view(num_rows, num_cols), scales)
 
 
@@ -105,6 +113,5 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes int8 [N, K], scales float32 [N])`` with ``w ~= codes * scales[:, None]``, symmetric per row."""
     w = weight.float()
     scales = w.abs().amax(dim=1) / 127
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = (w / safe.unsqueeze(1)).round().clamp_(-127, 127).to(torch.int8)
+    codes = (w / _nonzero(scales).unsqueeze(1)).round().clamp_(-127, 127).to(torch.int8)
     return codes, scales

@@ -19,17 +19,29 @@ _Q4_1_BLOCK_BYTES = 20
 _Q8_0_BLOCK_BYTES = 34
 
 
+def _blocks(raw: np.ndarray, shape: tuple[int, int], type_name: str, block_bytes: int) -> np.ndarray:
+    """A tensor's raw bytes as one row of ``block_bytes`` per block of 32 values, checked against ``shape``."""
+    num_rows, num_cols = shape
+    if num_cols % INT4_GROUP_SIZE:
+        raise ValueError(f"a {type_name} row of {num_cols} values is not a whole number of {INT4_GROUP_SIZE}-value "
+                         f"blocks")
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, block_bytes)
+    if blocks.shape[0] != num_rows * num_cols // INT4_GROUP_SIZE:
+        raise ValueError(f"{type_name} data holds {blocks.shape[0]} blocks, shape {shape} needs "
+                         f"{num_rows * num_cols // INT4_GROUP_SIZE}")
+    return blocks
+
+
+def _float16_field(blocks: np.ndarray, start: int, num_rows: int) -> np.ndarray:
+    """Each block's float16 at byte ``start``, as float32 ``[rows, blocks per row]``."""
+    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+
+
 def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
     """``Int4Groups`` of a Q4_1 tensor's raw bytes, for a ``[rows, cols]`` (torch order) weight."""
     num_rows, num_cols = shape
-    if num_cols % INT4_GROUP_SIZE:
-        raise ValueError(f"a Q4_1 row of {num_cols} values is not a whole number of {INT4_GROUP_SIZE}-value blocks")
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, _Q4_1_BLOCK_BYTES)
-    if blocks.shape[0] != num_rows * num_cols // INT4_GROUP_SIZE:
-        raise ValueError(f"Q4_1 data holds {blocks.shape[0]} blocks, shape {shape} needs "
-                         f"{num_rows * num_cols // INT4_GROUP_SIZE}")
-    scales = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
-    mins = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+    blocks = _blocks(raw, shape, "Q4_1", _Q4_1_BLOCK_BYTES)
+    scales, mins = _float16_field(blocks, 0, num_rows), _float16_field(blocks, 2, num_rows)
     packed = blocks[:, 4:]
     codes = np.concatenate([packed & 0xF, packed >> 4], axis=1).reshape(num_rows, num_cols)
     return Int4Groups(torch.from_numpy(codes), torch.from_numpy(scales), torch.from_numpy(mins))
@@ -38,13 +50,8 @@ def q4_1_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int4Groups:
 def q8_0_groups(raw: np.ndarray, shape: tuple[int, int]) -> Int8Groups:
     """``Int8Groups`` of a Q8_0 tensor's raw bytes, for a ``[rows, cols]`` (torch order) weight."""
     num_rows, num_cols = shape
-    if num_cols % INT4_GROUP_SIZE:
-        raise ValueError(f"a Q8_0 row of {num_cols} values is not a whole number of {INT4_GROUP_SIZE}-value blocks")
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, _Q8_0_BLOCK_BYTES)
-    if blocks.shape[0] != num_rows * num_cols // INT4_GROUP_SIZE:
-        raise ValueError(f"Q8_0 data holds {blocks.shape[0]} blocks, shape {shape} needs "
-                         f"{num_rows * num_cols // INT4_GROUP_SIZE}")
-    scales = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(num_rows, -1)
+    blocks = _blocks(raw, shape, "Q8_0", _Q8_0_BLOCK_BYTES)
+    scales = _float16_field(blocks, 0, num_rows)
     codes = blocks[:, 2:].copy().view(np.int8).reshape(num_rows, num_cols)
     return Int8Groups(torch.from_numpy(codes), torch.from_numpy(scales))
 

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -183,6 +184,28 @@ def journal_paths(run_dir: str | os.PathLike[str]) -> list[Path]:
 def read_journal(path: Path) -> list[ClientRecord]:
     """The records of one journal; a last line cut short (the worker died mid-write) is dropped."""
     return [ClientRecord.from_dict(line) for line in read_json_lines(path)]
+
+
+class JsonLinesTail:
+    """What workers appended to JSON-lines files since the last poll, whole lines only: a line still being
+    written waits for the next poll."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self, paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+        """The new objects of ``paths``, file by file. NOTE: a file counts as read once its objects were all
+        taken: consume the whole iterator."""
+        for path in paths:
+            offset = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                if line.strip():
+                    yield json.loads(line)
+            self._offsets[path] = offset + end
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

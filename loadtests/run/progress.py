@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadtests.client.records import ClientRecord, journal_paths
+from loadtests.client.records import ClientRecord, JsonLinesTail, journal_paths
 from probes.run_dir import WORKERS_NAME, RunDirectory, RunFileError, WorkerRoster
 
 RECENT_WINDOW_S = 5.0
@@ -28,21 +27,10 @@ class JournalTail:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self._offsets: dict[Path, int] = {}
+        self._tail = JsonLinesTail()
 
     def poll(self) -> list[ClientRecord]:
-        records = []
-        for path in journal_paths(self.run_dir):
-            offset = self._offsets.get(path, 0)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            end = data.rfind(b"\n") + 1
-            for line in data[:end].splitlines():
-                if line.strip():
-                    records.append(ClientRecord.from_dict(json.loads(line)))
-            self._offsets[path] = offset + end
-        return records
+        return [ClientRecord.from_dict(line) for line in self._tail.poll(journal_paths(self.run_dir))]
 
 
 class LiveCounts:

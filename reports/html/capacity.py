@@ -9,8 +9,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from reports.capacity.knee import KneeFit
+from reports.capacity.limit import LIMIT_BOTTLENECK
 from reports.capacity.other_load import BUSY_CORES
-from reports.capacity.result import LIMIT_BOTTLENECK, Capacity
+from reports.capacity.records import Capacity
 from reports.html.sections import Block, ReportContext, Section, note, table
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}

@@ -19,7 +19,7 @@ import plotly.io as pio
 
 from probes.schemas import STEP_PHASES
 from reports.ablation import AblationTable
-from reports.capacity.result import Capacity
+from reports.capacity.records import Capacity
 from reports.dataset import RunDataset
 from reports.html import figures
 from reports.measures import PERCENTILES

@@ -1,4 +1,4 @@
-"""Rules that read a capacity search's experiments (reports.capacity.result): what holds the server at its capacity.
+"""Rules that read a capacity search's experiments (reports.capacity.limit): what holds the server at its capacity.
 
 They speak only after a capacity search (``Facts.capacity``), and decide only when no direct
 evidence (engine probes, the server's own gauges) has: the experiments are causal but coarse.
@@ -6,7 +6,7 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 
 from __future__ import annotations
 
-from reports.capacity.result import SERIAL_GAIN, SERIAL_MAX_STREAMS, UNQUEUED_DECODING_SHARE
+from reports.capacity.limit import SERIAL_GAIN, SERIAL_MAX_STREAMS, UNQUEUED_DECODING_SHARE
 from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in

@@ -1,11 +1,9 @@
 """The verdict: which bottleneck (batching, cache, execution) holds the server back, or none.
 
-The decision follows one order. First, is there pressure at all: an engine idle over half the
-time with nobody waiting is limited by its load (``none``). Then: not enough simultaneous work
-reaches the device (``batching``); active request state fills memory (``cache``); work is
-organized but coordination is costly (``execution``). The first finding whose rules pass is the
-verdict; if none does, nothing inside the server binds and the load is the limit (``none``).
-Every rule's evidence goes into the result, passed or not.
+The findings (reports.verdict.findings) are tried in their order on one point's facts
+(reports.verdict.facts): the first whose rules pass is the verdict; if none does, nothing inside the
+server binds and the load is the limit (``none``). Every rule's evidence goes into the result,
+passed or not.
 """
 
 from __future__ import annotations
@@ -17,111 +15,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.execution_paths import OPTIMIZED, PathTiming, decode_shape
-from probes.run_dir import CALIBRATION_NAME, DIAGNOSIS_NAME, EXECUTION_REFERENCE_NAME, RunDirectory, json_safe
-from probes.server_info import SERVER_INFO_NAME, ServerInfo
+from probes.run_dir import DIAGNOSIS_NAME, RunDirectory, json_safe
 from probes.single_stream import SINGLE_STREAM_NAME, SingleStream
-from probes.step_calibration import StepCalibration
 from reports.ablation import AblationTable, ablation_table, read_ablation_index
-from reports.capacity.result import Capacity, capacity_focus, capacity_result, read_search
+from reports.capacity.records import Capacity, read_search
+from reports.capacity.result import capacity_focus, capacity_result
 from reports.dataset import RunDataset, load_points, sweep_parameter
-from reports.failures import failure_counts
 from reports.health import RunHealth, run_health
 from reports.levers.attach import attach_predictions
 from reports.metric_adapters import ADAPTERS
-from reports.roofline import roofline_summary, step_work
-from reports.summary import PointMeasures, RunSummary, point_measures
+from reports.summary import RunSummary, point_measures
 from reports.verdict.advice import lever_for
-from reports.verdict.evidence import (
-    BOTTLENECKS,
-    NO_VERDICT,
-    Bottleneck,
-    Evidence,
-    Facts,
-    SweepMeasures,
-    num,
+from reports.verdict.evidence import BOTTLENECKS, NO_VERDICT, Bottleneck, Evidence, Facts, SweepMeasures, num
+from reports.verdict.facts import facts_for, single_stream_tpot, sweep_measures
+from reports.verdict.findings import (
+    CAPACITY_FINDINGS,
+    CLIENT_FINDINGS,
+    ENGINE_FALLBACK,
+    ENGINE_FINDINGS,
+    EXTERNAL_FALLBACK,
+    METRICS_FINDINGS,
+    OVERLOAD_FINDINGS,
+    SWEEP_FINDINGS,
+    Finding,
 )
-from reports.verdict.rules import RULES, rule
+from reports.verdict.rules import RULES
 
 # How much a verdict can be trusted from each kind of data, before the evidence's own margins.
 SOURCE_TRUST = {"engine": 1.0, "prometheus": 0.8, "capacity": 0.7, "sweep": 0.7, "client": 0.5}
-# Which evidence a verdict may read: all of it, or only what a client of the server has (its
-# timings, its /metrics, and what servescope measured on this machine itself), as `load --target` sees it.
-VIEWS = ("inside", "outside")
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One way to reach a verdict: every rule of ``all_of`` passes and, if given, one of ``any_of``.
-
-    Rules in ``unknown_ok`` may be unmeasurable (None) without blocking the finding; ``support``
-    rules never decide, but raise the confidence when they pass.
-    """
-
-    bottleneck: Bottleneck
-    all_of: tuple[str, ...] = ()
-    any_of: tuple[str, ...] = ()
-    unknown_ok: tuple[str, ...] = ()
-    support: tuple[str, ...] = ()
-
-    def fires(self, evidence: dict[str, Evidence]) -> bool:
-        for name in self.all_of:
-            passed = evidence[name].passed
-            if not (passed or (passed is None and name in self.unknown_ok)):
-                return False
-        return not self.any_of or any(evidence[name].passed for name in self.any_of)
-
-    def deciding(self, evidence: dict[str, Evidence]) -> list[Evidence]:
-        names = [*self.all_of, *(n for n in self.any_of if evidence[n].passed)]
-        return [evidence[n] for n in names if evidence[n].passed]
-
-
-ENGINE_FINDINGS = (
-    Finding("none", all_of=("engine_idle", "queue_absent"), support=("batch_has_room",)),
-    Finding("batching", all_of=("batch_limit_queue", "memory_has_room"), unknown_ok=("memory_has_room",)),
-    Finding("cache", any_of=("kv_blocks_queue", "preemptions"), support=("kv_near_full", "kv_waste")),
-    Finding("execution", any_of=("host_overhead", "optimized_path_removes"), support=("far_from_roof",)),
-    # NOTE: the engine saturated by its own work: busy, its batch well used, nobody held for a seat or memory
-    Finding("execution", all_of=("engine_busy", "no_seat_or_memory_wait", "batch_filled")),
-)
-ENGINE_FALLBACK = Finding("none", support=("queue_absent", "batch_has_room"))
-# NOTE: failures read as overload (reports.health) are direct evidence: they come before the queue's.
-OVERLOAD_FINDINGS = (Finding("cache", all_of=("overload_context",)),
-                     Finding("batching", all_of=("overload_refused",), support=("server_queue", "server_slots_busy",
-                                                                                 "server_wait_before_prompt")))
-METRICS_FINDINGS = (
-    Finding("cache", all_of=("server_queue", "server_queue_depth", "server_kv_full"), support=("server_preemptions",)),
-    Finding("cache", any_of=("server_preemptions",)),
-    *OVERLOAD_FINDINGS,
-    # NOTE: a server that exports no KV gauge (llama.cpp's current builds) still shows its queue; the
-    # preemption and KV findings above are the ones that would name memory.
-    Finding("batching", all_of=("server_queue", "server_queue_depth", "server_kv_room"), unknown_ok=("server_kv_room",),
-            support=("few_streams_decoding", "server_slots_busy", "server_wait_before_prompt")),
-    Finding("execution", all_of=("slower_than_optimized",)),
-    Finding("execution", all_of=("tpot_over_single_stream", "server_queue_absent"), support=("streams_all_decoding",)),
-)
-SWEEP_FINDINGS = (Finding("batching", all_of=("sweep_throughput_flat", "sweep_ttft_grows", "sweep_tpot_holds"),
-                          support=("few_streams_decoding",)),)
-CLIENT_FINDINGS = (Finding("batching", all_of=("few_streams_decoding",)),
-                   Finding("execution", all_of=("slower_than_optimized",)),
-                   Finding("execution", all_of=("tpot_over_single_stream", "streams_all_decoding")))
-EXTERNAL_FALLBACK = Finding("none", support=("server_queue_absent",))
-# A capacity search's experiments: after the direct evidence of a server's own probes or gauges.
-CAPACITY_FINDINGS = (Finding("batching", all_of=("capacity_serial", "capacity_one_stream"),
-                             unknown_ok=("capacity_one_stream",)), Finding("cache", all_of=("capacity_memory",)),
-                     Finding("batching", all_of=("capacity_seats",)), Finding("execution", all_of=("capacity_compute",)))
-
-
-def check_rule_names(*findings: Finding) -> None:
-    """Every rule the findings name is listed (reports.verdict.rules); else a ValueError naming every rule."""
-    for finding in findings:
-        for name in (*finding.all_of, *finding.any_of, *finding.unknown_ok, *finding.support):
-            rule(name)
-
-
-# NOTE: a finding that names a rule nobody listed (a typo) fails here, at import.
-check_rule_names(*ENGINE_FINDINGS, ENGINE_FALLBACK, *METRICS_FINDINGS, *SWEEP_FINDINGS, *CLIENT_FINDINGS,
-                 EXTERNAL_FALLBACK, *CAPACITY_FINDINGS)
 
 
 @dataclass(slots=True)
@@ -141,7 +62,7 @@ class Diagnosis:
     label: str = ""
     levers: list[dict[str, Any]] = field(default_factory=list)  # reports.levers.predictions.LeverPrediction, best first
     predictions: dict[str, Any] | None = None  # the step model, the replay check and the predicted verdict
-    capacity: dict[str, Any] | None = None  # reports.capacity.result.Capacity, after a capacity search
+    capacity: dict[str, Any] | None = None  # reports.capacity.records.Capacity, after a capacity search
 
     @property
     def has_verdict(self) -> bool:
@@ -171,45 +92,6 @@ class Diagnosis:
     @classmethod
     def from_json(cls, text: str) -> Diagnosis:
         return cls.from_dict(json.loads(text))
-
-
-def facts_for(data: RunDataset, measures: PointMeasures, sweep: SweepMeasures | None = None,
-              view: str = "inside", single_stream_tpot_s: float | None = None) -> Facts:
-    """Every measure of one load point the rules read; with ``view="outside"`` only what a client has.
-
-    ``single_stream_tpot_s``: one stream's median TPOT in the same run (see :func:`single_stream_tpot`).
-    """
-    if view not in VIEWS:
-        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
-    directory = RunDirectory(data.path)
-    is_metrics_unread = data.has_prometheus and measures.prometheus is None
-    failures = failure_counts(data.latencies) if measures.client is not None else None
-    if view == "outside" or measures.server is None:
-        return Facts(server=None, client=measures.client, prometheus=measures.prometheus, roofline=None, sweep=sweep,
-                     is_metrics_unread=is_metrics_unread,
-                     execution_reference=directory.load(EXECUTION_REFERENCE_NAME, PathTiming),
-                     failures=failures, single_stream_tpot_s=single_stream_tpot_s,
-                     server_info=directory.load(SERVER_INFO_NAME, ServerInfo))
-    roofline = None
-    shape = data.model_shape
-    if shape is not None:
-        roofline = roofline_summary(step_work(data.steps_in_window(), shape), shape, data.peaks)
-    return Facts(server=measures.server, client=measures.client, prometheus=measures.prometheus,
-                 roofline=roofline, engine_config=data.engine_config, sweep=sweep,
-                 is_metrics_unread=is_metrics_unread,
-                 execution_paths=run_path_timing(directory, data), failures=failures,
-                 single_stream_tpot_s=single_stream_tpot_s)
-
-
-def run_path_timing(directory: RunDirectory, data: RunDataset) -> PathTiming | None:
-    """Both execution paths' decode step at the run's median decode batch, read off the step calibration
-    the server measured before the load (the one measurement the predictions read too)."""
-    calibration = directory.load(CALIBRATION_NAME, StepCalibration)
-    shape = decode_shape(data.steps_in_window())
-    # NOTE: an optimized run has no other path to time (eager is slower, not a lever): its own path is the timing
-    if calibration is None or shape is None or OPTIMIZED not in calibration.step_s:
-        return None
-    return calibration.path_timing(*shape)
 
 
 def decide(facts: Facts, label: str = "") -> Diagnosis:
@@ -338,14 +220,6 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
                     focus_index=focus)
 
 
-def single_stream_tpot(measures: list[PointMeasures], reference: SingleStream | None) -> float | None:
-    """One stream's median TPOT in this run: its 1-user point's (a capacity search, a sweep), else the
-    single-stream reference a one-point run took after its load."""
-    for m in measures:
-        if m.load.get("users") == 1 and m.client is not None and m.client.tpot_s:
-            return m.client.tpot_s["p50"]
-    return reference.tpot_p50_s if reference is not None else None
-
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:
     """What a run that cannot be judged gets: no bottleneck, and why (``metrics["health"]``)."""
@@ -362,24 +236,6 @@ def diagnose(path: str | os.PathLike[str], view: str = "inside") -> Diagnosis:
     """The verdict on a run directory, a sweep directory as a whole, or an ablation (see :func:`analyze`)."""
     return analyze(path, view).diagnosis
 
-
-def sweep_measures(parameter: str, points: list[PointMeasures]) -> SweepMeasures | None:
-    """Lightest vs heaviest point of a sweep (points ordered by load), from their client measures."""
-    low, high = points[0], points[-1]
-    if low.concurrency is None or high.concurrency is None or low.client is None or high.client is None:
-        return None
-    lc, hc = low.client, high.client
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return b / a if a and b is not None else None
-
-    def p50(dist: dict[str, float] | None) -> float | None:
-        return dist["p50"] if dist else None
-
-    return SweepMeasures(parameter=parameter, low=low.concurrency, high=high.concurrency,
-                         throughput_ratio=ratio(lc.output_throughput, hc.output_throughput),
-                         ttft_ratio=ratio(p50(lc.ttft_s), p50(hc.ttft_s)),
-                         tpot_ratio=ratio(p50(lc.tpot_s), p50(hc.tpot_s)))
 
 
 def _confidence(source: str, chosen: Finding, evidence: dict[str, Evidence], deciding: list[Evidence],

@@ -15,7 +15,7 @@ model's steps are all dispatch, whatever the path.
 from __future__ import annotations
 
 from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
-from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY
+from reports.measures import LIMIT_BUDGET, LIMIT_CAP, LIMIT_IDLE, LIMIT_MEMORY, ServerMeasures
 from reports.verdict.evidence import Facts, Rule, num, pct
 
 # -- load: is the server under pressure at all? --------------------------------------------------
@@ -35,19 +35,41 @@ PATH_SHARE = 0.3
 BATCH_FILLED = 0.6
 
 
-class EngineIdle(Rule):
-    name = "engine_idle"
-    bottleneck = "none"
-    threshold = IDLE_BUSY_FRACTION
-    comparison = "<="
-    why = ("An engine working under half of the wall time has at least 2x headroom: it could take twice this "
-           "load before any lever inside it limits throughput.")
+class _BusyFraction(Rule):
+    """A rule on the share of the window the engine was stepping."""
 
     def value(self, facts: Facts) -> float | None:
         return facts.server.busy_fraction if facts.server else None
 
     def describe(self, facts: Facts, value: float | None) -> str:
         return f"the engine was stepping {pct(value)} of the measurement window"
+
+
+class _BatchFill(Rule):
+    """A rule on the mean batch over what max_num_seqs and the KV pool allow."""
+
+    def value(self, facts: Facts) -> float | None:
+        s = facts.server
+        return s.mean_batch / s.batch_limit if s and s.batch_limit else None
+
+    def describe(self, facts: Facts, value: float | None) -> str:
+        s = facts.server
+        limit = num(s.batch_limit) if s else "n/a"
+        return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
+
+
+def _waiting_on(s: ServerMeasures, *limits: str) -> float:
+    """The share of the busy time requests waited while one of ``limits`` held the batch."""
+    return s.waiting_share * sum(s.wait_limits[limit] for limit in limits)
+
+
+class EngineIdle(_BusyFraction):
+    name = "engine_idle"
+    bottleneck = "none"
+    threshold = IDLE_BUSY_FRACTION
+    comparison = "<="
+    why = ("An engine working under half of the wall time has at least 2x headroom: it could take twice this "
+           "load before any lever inside it limits throughput.")
 
 
 class QueueAbsent(Rule):
@@ -65,22 +87,13 @@ class QueueAbsent(Rule):
         return f"requests were waiting in {pct(value)} of the busy time"
 
 
-class BatchHasRoom(Rule):
+class BatchHasRoom(_BatchFill):
     name = "batch_has_room"
     bottleneck = "none"
     threshold = BATCH_ROOM_FRACTION
     comparison = "<="
     why = ("A batch at most half of what max_num_seqs and the KV pool allow, with nobody waiting, means more "
            "concurrent requests would be batched, not queued: the offered load is what is missing.")
-
-    def value(self, facts: Facts) -> float | None:
-        s = facts.server
-        return s.mean_batch / s.batch_limit if s and s.batch_limit else None
-
-    def describe(self, facts: Facts, value: float | None) -> str:
-        s = facts.server
-        limit = num(s.batch_limit) if s else "n/a"
-        return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
 class BatchLimitQueue(Rule):
@@ -95,7 +108,7 @@ class BatchLimitQueue(Rule):
         s = facts.server
         if s is None:
             return None
-        return s.waiting_share * (s.wait_limits[LIMIT_CAP] + s.wait_limits[LIMIT_BUDGET] + s.wait_limits[LIMIT_IDLE])
+        return _waiting_on(s, LIMIT_CAP, LIMIT_BUDGET, LIMIT_IDLE)
 
     def describe(self, facts: Facts, value: float | None) -> str:
         s = facts.server
@@ -135,7 +148,7 @@ class KvBlocksQueue(Rule):
 
     def value(self, facts: Facts) -> float | None:
         s = facts.server
-        return s.waiting_share * s.wait_limits[LIMIT_MEMORY] if s and s.kv_pool_blocks else None
+        return _waiting_on(s, LIMIT_MEMORY) if s and s.kv_pool_blocks else None
 
     def describe(self, facts: Facts, value: float | None) -> str:
         return f"requests waited for KV memory in {pct(value)} of the busy time"
@@ -234,7 +247,7 @@ class OptimizedPathRemoves(Rule):
                 f"{pct(value)} of the {p.run_path} step")
 
 
-class EngineBusy(Rule):
+class EngineBusy(_BusyFraction):
     name = "engine_busy"
     bottleneck = "execution"
     threshold = ENGINE_BUSY
@@ -242,12 +255,6 @@ class EngineBusy(Rule):
            "serves is what its steps can do. With nobody waiting for a seat or memory and its batch well used, "
            "the work itself holds it, and only a cheaper step (another dtype, quantized weights, another path or "
            "device) serves more.")
-
-    def value(self, facts: Facts) -> float | None:
-        return facts.server.busy_fraction if facts.server else None
-
-    def describe(self, facts: Facts, value: float | None) -> str:
-        return f"the engine was stepping {pct(value)} of the measurement window"
 
 
 class NoSeatOrMemoryWait(Rule):
@@ -263,28 +270,19 @@ class NoSeatOrMemoryWait(Rule):
         s = facts.server
         if s is None:
             return None
-        return s.waiting_share * (s.wait_limits[LIMIT_CAP] + s.wait_limits[LIMIT_MEMORY])
+        return _waiting_on(s, LIMIT_CAP, LIMIT_MEMORY)
 
     def describe(self, facts: Facts, value: float | None) -> str:
         return f"requests waited for a seat or for KV memory in {pct(value)} of the busy time"
 
 
-class BatchFilled(Rule):
+class BatchFilled(_BatchFill):
     name = "batch_filled"
     bottleneck = "execution"
     threshold = BATCH_FILLED
     why = ("A batch at 60% or more of what max_num_seqs and the KV pool allow is well used: a busy engine at that "
            "batch is held by its steps' cost; below it more users would still be batched, not slowed (the load's "
            "limit).")
-
-    def value(self, facts: Facts) -> float | None:
-        s = facts.server
-        return s.mean_batch / s.batch_limit if s and s.batch_limit else None
-
-    def describe(self, facts: Facts, value: float | None) -> str:
-        s = facts.server
-        limit = num(s.batch_limit) if s else "n/a"
-        return f"the mean batch was {num(s.mean_batch if s else None)} sequences of {limit} allowed ({pct(value)})"
 
 
 class FarFromRoof(Rule):

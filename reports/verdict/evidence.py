@@ -15,7 +15,7 @@ from reports.metric_adapters import PrometheusMeasures
 from reports.roofline import RooflineSummary
 
 if TYPE_CHECKING:
-    from reports.capacity.result import Capacity
+    from reports.capacity.records import Capacity
     from reports.failures import FailureCounts
 
 Bottleneck = Literal["batching", "cache", "execution", "none"]

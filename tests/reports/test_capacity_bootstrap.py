@@ -73,8 +73,16 @@ def _search_dir(tmp_path: Path, curve: dict[int, float], relative_sd: float, see
     streams as a server's stalls are), one token per chunk, 60 tokens per request."""
     from loadtests.client.records import ClientRecord
     from loadtests.client.table import records_table
-    from probes.run_dir import LOAD_NAME, SWEEP_NAME, LoadInfo, RunDirectory, SweepIndex, SweepPoint
-    from reports.capacity.result import CAPACITY_NAME, CapacitySearch
+    from probes.run_dir import (
+        CAPACITY_NAME,
+        LOAD_NAME,
+        SWEEP_NAME,
+        LoadInfo,
+        RunDirectory,
+        SweepIndex,
+        SweepPoint,
+    )
+    from reports.capacity.records import CapacitySearch
 
     rng = np.random.default_rng(seed)
     root = tmp_path / "search"
@@ -107,8 +115,9 @@ def _search_dir(tmp_path: Path, curve: dict[int, float], relative_sd: float, see
     return root
 
 
-def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.result.Capacity
-    from reports.capacity.result import capacity_result, read_search
+def _capacity(root: Path):  # noqa: ANN202 - reports.capacity.records.Capacity
+    from reports.capacity.records import read_search
+    from reports.capacity.result import capacity_result
     from reports.dataset import RunDataset
     from reports.summary import point_measures
 

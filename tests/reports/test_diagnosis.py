@@ -7,8 +7,9 @@ import json
 import pytest
 
 from reports.html.report import write_report
-from reports.verdict.diagnosis import ENGINE_FINDINGS, Diagnosis, Finding, check_rule_names, diagnose
+from reports.verdict.diagnosis import Diagnosis, diagnose
 from reports.verdict.evidence import BOTTLENECKS, Evidence
+from reports.verdict.findings import ENGINE_FINDINGS, Finding, check_rule_names
 from reports.verdict.rules import RULES, rule
 
 

@@ -81,7 +81,7 @@ def test_wilson_interval_refuses_impossible_counts() -> None:
 
 
 def test_a_server_is_serial_only_when_no_number_of_users_adds_throughput() -> None:
-    from reports.capacity.result import SERIAL_GAIN, serial_gain
+    from reports.capacity.limit import SERIAL_GAIN, serial_gain
 
     # transformers serve --continuous-batching on the 2-core box: flat from 1 to 2 users, then it batches.
     assert serial_gain({1: 12.8, 2: 12.8, 4: 20.4, 8: 37.8, 16: 33.0}) > SERIAL_GAIN

@@ -10,8 +10,9 @@ import pytest
 
 from probes.run_dir import CLIENT_TABLE
 from reports.levers.predictions import LeverPrediction, Predictions
-from reports.verdict.diagnosis import ENGINE_FINDINGS, diagnose
+from reports.verdict.diagnosis import diagnose
 from reports.verdict.evidence import Evidence
+from reports.verdict.findings import ENGINE_FINDINGS
 from reports.verdict.rules import RULES
 from tests.reports.driver import Load, run
 from tests.reports.scenarios import SHORT

@@ -9,7 +9,8 @@ import pytest
 
 from probes.server_info import ServerInfo
 from reports.capacity.knee import KneeFit
-from reports.capacity.result import Capacity, is_serial
+from reports.capacity.limit import is_serial
+from reports.capacity.records import Capacity
 from reports.failures import FailureCounts
 from reports.measures import ClientMeasures
 from reports.metric_adapters import PrometheusMeasures

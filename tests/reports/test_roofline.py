@@ -16,7 +16,7 @@ from probes.run_dir import RunDirectory
 from reports.dataset import RunDataset
 from reports.roofline import step_work
 from reports.summary import point_measures
-from reports.verdict.diagnosis import facts_for
+from reports.verdict.facts import facts_for
 
 
 class _Steps:
