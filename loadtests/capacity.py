@@ -29,6 +29,7 @@ from reports.capacity.interval import RateInterval
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.result import (
     UNQUEUED_DECODING_SHARE,
+    Capacity,
     CapacitySearch,
     capacity_result,
     focus_users,
@@ -160,12 +161,11 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
-    if not probed and _wants_tokens_experiment(out, search):
-        capacity = _current(out, search).concurrency
-        assert capacity is not None
-        config = dataclasses.replace(base.at_point("users", capacity), token_scale=TOKENS_SCALE,
+    tokens_users = None if probed else tokens_experiment_users(_current(out, search))
+    if tokens_users is not None:
+        config = dataclasses.replace(base.at_point("users", tokens_users), token_scale=TOKENS_SCALE,
                                      seed=base.seed + len(search.order))
-        console.rule(f"tokens experiment: {capacity} users, {TOKENS_SCALE:g}x the tokens per request")
+        console.rule(f"tokens experiment: {tokens_users} users, {TOKENS_SCALE:g}x the tokens per request")
         run_at(config, out / TOKENS_DIR)
         search.tokens_dir, search.tokens_scale = TOKENS_DIR, TOKENS_SCALE
     return _save(out, search)
@@ -260,19 +260,30 @@ def _was_overloaded(search: CapacitySearch, users: int) -> bool:
     return any(o["users"] == users for o in search.overloaded)
 
 
-def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.result.Capacity
+def _current(out: Path, search: CapacitySearch) -> Capacity:
     points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
     return capacity_result(out, search, points, [point_measures(p) for p in points])
 
 
-def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
-    """Whether requests queue past the capacity (and the server is not serial): then seats or memory hold them."""
-    capacity = _current(out, search)
-    if capacity.concurrency is None or capacity.past_knee_users is None:
-        return False
-    if is_serial(capacity):
-        return False
-    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
+def tokens_experiment_users(capacity: Capacity) -> int | None:
+    """The users to rerun at 3x the tokens per request, or None for no tokens experiment.
+
+    When requests queue past the capacity (and the server is not serial), the capacity point: seats or memory
+    hold them there. When every open request decoded past the capacity (it reads as compute) but a heavier
+    point queued, that point: a compute limit admits every request, so something else admitted only some
+    there, and if it is memory (transformers serve --continuous-batching with a KV pool of three requests:
+    flat from 1 to 4 users, all decoding at 2, one of 4 waiting) the pool is the lever, not the step.
+    """
+    if capacity.concurrency is None or capacity.past_knee_users is None or is_serial(capacity):
+        return None
+    share = capacity.queue_share_past_knee
+    if share is None:
+        return None
+    if share < UNQUEUED_DECODING_SHARE:
+        return capacity.concurrency
+    queued = [p.users for p in capacity.points if p.users > capacity.past_knee_users and p.in_flight
+              and p.decoding_streams is not None and p.decoding_streams / p.in_flight < UNQUEUED_DECODING_SHARE]
+    return max(queued) if queued else None
 
 
 def _write_index(out: Path, search: CapacitySearch) -> None:
