@@ -121,7 +121,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             console.print(f"{users} users: {failed}: read as overload, the limit this load found")
         return point
 
-    users, doubled = 1, []
+    users, doubled, plateaued = 1, [], False
     while True:
         point = run(users)
         if point is None and _was_overloaded(search, users) and search.order:
@@ -146,7 +146,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                               f"stopped there")
             break
         if plateau is not None:
-            search.stopped = plateau
+            search.stopped, plateaued = plateau, True
             break
         if point.slo_ok is False:
             search.stopped = f"the SLO was missed at {users} users"
@@ -161,7 +161,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
-    tokens_users = None if probed else tokens_experiment_users(_current(out, search))
+    tokens_users = None if probed else tokens_experiment_users(_current(out, search), plateaued)
     if tokens_users is not None:
         config = dataclasses.replace(base.at_point("users", tokens_users), token_scale=TOKENS_SCALE,
                                      seed=base.seed + len(search.order))
@@ -265,23 +265,25 @@ def _current(out: Path, search: CapacitySearch) -> Capacity:
     return capacity_result(out, search, points, [point_measures(p) for p in points])
 
 
-def tokens_experiment_users(capacity: Capacity) -> int | None:
+def tokens_experiment_users(capacity: Capacity, plateaued: bool) -> int | None:
     """The users to rerun at 3x the tokens per request, or None for no tokens experiment.
 
     When requests queue past the capacity (and the server is not serial), the capacity point: seats or memory
-    hold them there. When every open request decoded past the capacity (it reads as compute) but a heavier
-    point queued, that point: a compute limit admits every request, so something else admitted only some
-    there, and if it is memory (transformers serve --continuous-batching with a KV pool of three requests:
-    flat from 1 to 4 users, all decoding at 2, one of 4 waiting) the pool is the lever, not the step.
+    hold them there. When every open request decoded past the capacity (it reads as compute), or no point past
+    it was measured, and the search stopped because more users stopped adding throughput (``plateaued``; not at
+    --max-users with throughput still rising), the heaviest point from the capacity on where requests queued:
+    a compute limit admits every request, so something else admitted only some there. transformers serve --continuous-batching on a
+    KV pool of three requests was flat from 1 to 4 users, all decoding at 2 users, one of four waiting at 4:
+    the pool was the lever (its default pool tripled the throughput by 8 users), not the step.
     """
-    if capacity.concurrency is None or capacity.past_knee_users is None or is_serial(capacity):
+    if capacity.concurrency is None or is_serial(capacity):
         return None
     share = capacity.queue_share_past_knee
-    if share is None:
-        return None
-    if share < UNQUEUED_DECODING_SHARE:
+    if share is not None and share < UNQUEUED_DECODING_SHARE:
         return capacity.concurrency
-    queued = [p.users for p in capacity.points if p.users > capacity.past_knee_users and p.in_flight
+    if not plateaued:
+        return None
+    queued = [p.users for p in capacity.points if p.users >= capacity.concurrency and p.in_flight
               and p.decoding_streams is not None and p.decoding_streams / p.in_flight < UNQUEUED_DECODING_SHARE]
     return max(queued) if queued else None
 

@@ -388,7 +388,7 @@ def _limit(c: Capacity) -> tuple[Limit | None, str]:
                           f"{SERIAL_GAIN}x) and at most {c.max_decoding_streams or 1:.2f} streams decoded at once: "
                           f"the server serves one request at a time")
     t = c.tokens
-    # NOTE: memory before compute: a tokens experiment past a compute reading runs only where a heavier point
+    # NOTE: memory before compute: past a compute reading a tokens experiment runs only where a heavier point
     # queued (loadtests.capacity.tokens_experiment_users), and streams that fall with longer requests there
     # mean memory admitted fewer; a seat limit found there comes after compute (seats filled past saturation).
     if t is not None and t.limit == "memory":
