@@ -272,9 +272,9 @@ def tokens_experiment_users(capacity: Capacity, plateaued: bool) -> int | None:
     hold them there. When every open request decoded past the capacity (it reads as compute), or no point past
     it was measured, and the search stopped because more users stopped adding throughput (``plateaued``; not at
     --max-users with throughput still rising), the heaviest point from the capacity on where requests queued:
-    a compute limit admits every request, so something else admitted only some there. transformers serve --continuous-batching on a
-    KV pool of three requests was flat from 1 to 4 users, all decoding at 2 users, one of four waiting at 4:
-    the pool was the lever (its default pool tripled the throughput by 8 users), not the step.
+    a compute limit admits every request, so something else admitted only some there. transformers serve
+    --continuous-batching on a KV pool of three requests was flat from 1 to 4 users, all decoding at 2 users,
+    one of four waiting at 4: the pool was the lever (its default pool tripled the throughput by 8 users).
     """
     if capacity.concurrency is None or is_serial(capacity):
         return None
