@@ -28,7 +28,7 @@ from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, 
 from reports.capacity.interval import RateInterval
 from reports.capacity.limit import UNQUEUED_DECODING_SHARE, is_serial
 from reports.capacity.other_load import BUSY_CORES
-from reports.capacity.records import CapacitySearch
+from reports.capacity.records import Capacity, CapacitySearch
 from reports.capacity.result import capacity_result, focus_users
 from reports.dataset import RunDataset
 from reports.health import point_failures
@@ -116,7 +116,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             console.print(f"{users} users: {failed}: read as overload, the limit this load found")
         return point
 
-    users, doubled = 1, []
+    users, doubled, plateaued = 1, [], False
     while True:
         point = run(users)
         if point is None and _was_overloaded(search, users) and search.order:
@@ -141,7 +141,7 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                               f"stopped there")
             break
         if plateau is not None:
-            search.stopped = plateau
+            search.stopped, plateaued = plateau, True
             break
         if point.slo_ok is False:
             search.stopped = f"the SLO was missed at {users} users"
@@ -156,12 +156,11 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
     _save(out, search)
-    if not probed and _wants_tokens_experiment(out, search):
-        capacity = _current(out, search).concurrency
-        assert capacity is not None
-        config = dataclasses.replace(base.at_point("users", capacity), token_scale=TOKENS_SCALE,
+    tokens_users = None if probed else tokens_experiment_users(_current(out, search), plateaued)
+    if tokens_users is not None:
+        config = dataclasses.replace(base.at_point("users", tokens_users), token_scale=TOKENS_SCALE,
                                      seed=base.seed + len(search.order))
-        console.rule(f"tokens experiment: {capacity} users, {TOKENS_SCALE:g}x the tokens per request")
+        console.rule(f"tokens experiment: {tokens_users} users, {TOKENS_SCALE:g}x the tokens per request")
         run_at(config, out / TOKENS_DIR)
         search.tokens_dir, search.tokens_scale = TOKENS_DIR, TOKENS_SCALE
     return _save(out, search)
@@ -256,19 +255,32 @@ def _was_overloaded(search: CapacitySearch, users: int) -> bool:
     return any(o["users"] == users for o in search.overloaded)
 
 
-def _current(out: Path, search: CapacitySearch):  # noqa: ANN202 - reports.capacity.records.Capacity
+def _current(out: Path, search: CapacitySearch) -> Capacity:
     points = sorted((RunDataset.load(out / f"users-{u}") for u in search.order), key=lambda d: d.concurrency or 0)
     return capacity_result(out, search, points, [point_measures(p) for p in points])
 
 
-def _wants_tokens_experiment(out: Path, search: CapacitySearch) -> bool:
-    """Whether requests queue past the capacity (and the server is not serial): then seats or memory hold them."""
-    capacity = _current(out, search)
-    if capacity.concurrency is None or capacity.past_knee_users is None:
-        return False
-    if is_serial(capacity):
-        return False
-    return capacity.queue_share_past_knee is not None and capacity.queue_share_past_knee < UNQUEUED_DECODING_SHARE
+def tokens_experiment_users(capacity: Capacity, plateaued: bool) -> int | None:
+    """The users to rerun at 3x the tokens per request, or None for no tokens experiment.
+
+    When requests queue past the capacity (and the server is not serial), the capacity point: seats or memory
+    hold them there. When every open request decoded past the capacity (it reads as compute), or no point past
+    it was measured, and the search stopped because more users stopped adding throughput (``plateaued``; not at
+    --max-users with throughput still rising), the heaviest point from the capacity on where requests queued:
+    a compute limit admits every request, so something else admitted only some there. transformers serve
+    --continuous-batching on a KV pool of three requests was flat from 1 to 4 users, all decoding at 2 users,
+    one of four waiting at 4: the pool was the lever (its default pool tripled the throughput by 8 users).
+    """
+    if capacity.concurrency is None or is_serial(capacity):
+        return None
+    share = capacity.queue_share_past_knee
+    if share is not None and share < UNQUEUED_DECODING_SHARE:
+        return capacity.concurrency
+    if not plateaued:
+        return None
+    queued = [p.users for p in capacity.points if p.users >= capacity.concurrency and p.in_flight
+              and p.decoding_streams is not None and p.decoding_streams / p.in_flight < UNQUEUED_DECODING_SHARE]
+    return max(queued) if queued else None
 
 
 def _write_index(out: Path, search: CapacitySearch) -> None:

@@ -65,22 +65,32 @@ def is_serial(c: Capacity) -> bool:
             and (c.max_decoding_streams is None or c.max_decoding_streams < SERIAL_MAX_STREAMS))
 
 
+def is_compute(c: Capacity) -> bool:
+    """Past the capacity, every open request decoding (time-averaged): none queued for seats or memory."""
+    return c.queue_share_past_knee is not None and c.queue_share_past_knee >= UNQUEUED_DECODING_SHARE
+
+
 def capacity_limit(c: Capacity) -> tuple[Limit | None, str]:
     """What limits the capacity, and the evidence in words (None where the outside cannot tell)."""
     if is_serial(c):
         return "serial", (f"throughput grew at most {c.serial_gain:.2f}x from 1 user to any heavier point (under "
                           f"{SERIAL_GAIN}x) and at most {c.max_decoding_streams or 1:.2f} streams decoded at once: "
                           f"the server serves one request at a time")
-    if c.queue_share_past_knee is not None and c.queue_share_past_knee >= UNQUEUED_DECODING_SHARE:
+    t = c.tokens
+    # NOTE: memory before compute: past a compute reading a tokens experiment runs only where a heavier point
+    # queued (loadtests.capacity.tokens_experiment_users), and streams that fall with longer requests there
+    # mean memory admitted fewer; a seat limit found there comes after compute (seats filled past saturation).
+    if t is not None and t.limit == "memory":
+        return "memory", (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
+                          f"the decoding streams; the decoding streams fell in proportion: the KV cache (memory) "
+                          f"holds fewer requests")
+    if is_compute(c):
         return "compute", (f"past the capacity, at {c.past_knee_users} users, {c.queue_share_past_knee:.0%} of the open "
                            f"requests were decoding at once: none queued, each got slower, so the work itself "
                            f"saturates the device")
-    t = c.tokens
     if t is not None:
-        kind = ("the decoding streams fell in proportion: the KV cache (memory) holds fewer requests"
-                if t.limit == "memory" else "the same number of requests kept decoding: a seat limit (max sequences)")
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
-                         f"the decoding streams; {kind}")
+                         f"the decoding streams; the same number of requests kept decoding: a seat limit (max sequences)")
     if c.method == "undetermined":
         return None, ("no capacity was named (its points cannot be told apart), so no point past it is read; the "
                       "verdict is read at the heaviest point")

@@ -6,7 +6,7 @@ evidence (engine probes, the server's own gauges) has: the experiments are causa
 
 from __future__ import annotations
 
-from reports.capacity.limit import SERIAL_GAIN, SERIAL_MAX_STREAMS, UNQUEUED_DECODING_SHARE
+from reports.capacity.limit import SERIAL_GAIN, SERIAL_MAX_STREAMS, UNQUEUED_DECODING_SHARE, is_compute
 from reports.verdict.evidence import Evidence, Facts, Rule, num, pct
 
 # The tokens experiment's exponent: 0 when the decoding streams hold their count, 1 when they fall in
@@ -73,6 +73,13 @@ class CapacitySeats(_TokensRule):
     bottleneck = "batching"
     comparison = "<="
 
+    def value(self, facts: Facts) -> float | None:
+        # NOTE: past a compute reading (every open request decoding past the capacity), a seat limit found at a
+        # heavier point binds only after the device is full: compute stands (reports.capacity.limit.capacity_limit).
+        if facts.capacity is not None and is_compute(facts.capacity):
+            return None
+        return super().value(facts)
+
 
 class CapacityCompute(Rule):
     name = "capacity_compute"
@@ -102,6 +109,7 @@ def capacity_lever(deciding: list[Evidence], facts: Facts) -> tuple[str, str] | 
                 f"the server does not batch: no number of users added more than {pct((c.serial_gain or 1) - 1)} "
                 f"throughput over one")
     if "capacity_memory" in names:
+        at = f"{c.tokens.users} users" if c.tokens is not None else at
         return ("give the KV cache more memory, or quantize the KV cache, so more requests fit at once",
                 f"at {at}, longer requests cut the streams decoding at once in proportion: memory holds them")
     if "capacity_seats" in names:
