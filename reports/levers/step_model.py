@@ -10,9 +10,10 @@ HTTP and streaming threads sharing the cores, is part of the per-step cost), les
 - ``decode_seq_s``: each sequence decoding one token (its row, sampling, streaming the token out);
 - ``context_token_s``: each cached token the step's attention reads.
 
-With a step calibration (:mod:`probes.step_calibration`: the forward of a decode step timed at batch
-sizes 1, 2, 4, ... before the load) the forward's dependence on the batch size is measured, not fitted:
-a step costs the calibrated forward of its decoding sequences (at least one row), plus the linear
+With a step calibration (:mod:`probes.step_calibration`: a decode step timed at batch sizes 1, 2, 4, ...
+before the load) the step's dependence on the batch size is measured, not fitted: a step costs the
+calibrated step of its decoding sequences (at least one row: the forward and, where the calibration's
+sequences sampled as the load's do, their sampling, which a batch pays per row), plus the linear
 terms above fitted on what is left, i.e. what the loaded server adds to that forward (its host work,
 the time the rest of the machine takes from the step, prompt rows, context beyond the calibrated
 one). A batch size the run never reached then costs what the calibration measured for it, not a
@@ -29,6 +30,7 @@ the model forward alone; the execution lever uses it for the prompt rows of a st
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,6 +94,12 @@ class StepModel:
             return 0.0
         return self.calibration.forward(path or self.calibration.run_path, max(work.num_decode_tokens, 1))
 
+    def calibrated_step(self, work: StepWork) -> float:
+        """The run's own calibrated decode step at the step's decoding sequences (:func:`calibrated_base`)."""
+        if self.calibration is None:
+            return 0.0
+        return float(calibrated_base([max(work.num_decode_tokens, 1)], self.calibration)[0])
+
     def linear_work(self, work: StepWork) -> StepWork:
         """What the linear terms see: with a calibration, only the context beyond the calibrated one."""
         if self.calibration is None:
@@ -108,7 +116,7 @@ class StepModel:
         decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is the
         same whatever the variant), and on its prompt rows the share it saved on a calibrated prompt chunk.
         """
-        own = self.calibrated_forward(work) + self.total.predict(self.linear_work(work))
+        own = self.calibrated_step(work) + self.total.predict(self.linear_work(work))
         saved = 0.0
         if self.calibration is not None and path is not None and path != self.calibration.run_path:
             calibration = self.calibration
@@ -171,6 +179,20 @@ def calibrated_forward_s(steps: pd.DataFrame, calibration: StepCalibration | Non
     return np.array([calibration.forward(calibration.run_path, max(d, 1.0)) for d in decode])
 
 
+def calibrated_base(batches: Sequence[float], calibration: StepCalibration) -> np.ndarray:
+    """The run's own calibrated cost of a decode step at each of ``batches`` sequences, the base the fitted terms
+    add to: the whole step (forward, sampling, the engine's host phases) where the calibration's sequences
+    sampled as the load's do (``temperature`` recorded), else the forward alone.
+
+    NOTE: an older calibration sampled greedily, an argmax per row, while the load's requests sample at
+    temperature 1 (a softmax and a draw over the vocabulary per row, about as much as a small model's
+    row of forward); its step would carry a per-sequence cost the load does not have, so its forward is
+    the base and the fit's per-sequence term carries the sampling, from the batch sizes the run had.
+    """
+    table = calibration.step if calibration.temperature is not None else calibration.forward
+    return np.array([table(calibration.run_path, max(b, 1.0)) for b in batches])
+
+
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
     """Steps followed at once by another, with ``period_s`` (start to next start, less burnt host time).
 
@@ -197,11 +219,13 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     if is_holdout.sum() == 0 or (~is_holdout).sum() < len(FEATURES):
         is_holdout = np.arange(len(busy)) % 5 == 0
     x = step_features(busy, calibration)
-    base = calibrated_forward_s(busy, calibration)
+    base_forward = calibrated_forward_s(busy, calibration)
+    base = (calibrated_base(busy["num_decode_tokens"].to_numpy(float), calibration) if calibration is not None
+            else base_forward)
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
     total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout])))
-    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base)[~is_holdout])))
+    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base_forward)[~is_holdout])))
     predicted = base[is_holdout] + x[is_holdout] @ np.array(list(total.to_dict().values()))
     measured = y[is_holdout]
     positive = measured > 0
