@@ -45,7 +45,9 @@ LEVER_BATCHES = (1, 4, 16)
 # How the calibration's sequences sample: as the load's requests do, which name no temperature and get the
 # server's default (engine.server.inputs.DEFAULT_TEMPERATURE).
 SAMPLING_TEMPERATURE = 1.0
-DEFAULT_REPEATS = 2
+DEFAULT_REPEATS = 2  # decode steps per (variant, batch size), the first at that size included
+# Prompt chunks per variant: one, as long as the load's prompt steps, costs what two of a decode context did.
+PROMPT_REPEATS = 1
 DEFAULT_CONTEXT = 128
 PATHS = ("eager", OPTIMIZED)
 # The engine settings the calibration keeps from the run (its pool and seats are sized for the calibration).
@@ -221,7 +223,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     (``with_accuracy``) what each variant that changes the numbers costs in accuracy.
 
     One engine per variant is built on ``loaded``; requests join as the batch grows (1, 2, 4, ...), each
-    size gets one untimed step after its newcomers' prefill, then ``repeats`` timed steps per variant.
+    size gets its newcomers' prefill, then ``repeats`` decode steps per variant, the first of them right after.
     A variant whose engine cannot be built here is left out, with the reason in ``failed``.
     """
     from engine import EngineConfig, LLMEngine, SamplingParams
@@ -248,13 +250,18 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     # A prompt chunk as the load's prompt steps carry it: at most the token budget (a step computes no more).
     budget = int(config.max_num_batched_tokens or context)
     chunk = max(1, min(prompt_tokens or context, budget, max_model_len - 1))
-    # NOTE: a paged sequence only ever holds context + num_steps tokens (or the chunk and its one output token);
-    # a contiguous one reserves max_model_len.
+    # NOTE: a paged decoding sequence only ever holds context + num_steps tokens, the chunk its tokens and one
+    # output, never both at once: the pool holds the larger need (the optimized CPU path faults all of it in
+    # when built); a contiguous sequence reserves max_model_len.
     is_contiguous = config.kv_layout == "contiguous"
     block = int(config.block_size)
-    longest = max(context + num_steps, chunk) + 1
-    model_len = max_model_len if is_contiguous else min(max_model_len, math.ceil(longest / block) * block)
-    per_seq_blocks = math.ceil(model_len / block) + (0 if is_contiguous else 1)
+    model_len = max_model_len if is_contiguous else min(max_model_len,
+                                                        math.ceil((max(context + num_steps, chunk) + 1) / block) * block)
+    if is_contiguous:
+        num_blocks = math.ceil(model_len / block) * batches[-1] + 2
+    else:
+        decode_blocks = (math.ceil((context + num_steps + 1) / block) + 1) * batches[-1]
+        num_blocks = max(decode_blocks, math.ceil((chunk + 1) / block) + 1) + 2
     engines: dict[str, Any] = {}
     failed: dict[str, str] = {}
     for name, change in changes.items():
@@ -262,7 +269,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
         try:
             engines[name] = LLMEngine(EngineConfig(model=config.model, host_overhead_ms=0.0, enable_prefix_caching=True,
                                                    max_num_seqs=batches[-1], max_model_len=model_len,
-                                                   num_kv_blocks=per_seq_blocks * batches[-1] + 2, **settings), loaded)
+                                                   num_kv_blocks=num_blocks, **settings), loaded)
         except (ValueError, RuntimeError) as exc:
             if name == run_path:
                 raise
@@ -280,18 +287,21 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     num_added = dict.fromkeys(order, 0)
     for batch in batches:
         timing = [name for name in order if batch in timed_at[name]]
+        steps: dict[str, list[float]] = {name: [] for name in timing}
+        forwards: dict[str, list[float]] = {name: [] for name in timing}
         for name in timing:
             engine = engines[name]
             for i in range(num_added[name], batch):
                 engine.add_request([*shared, (i % (vocab - 1)) + 1], params, request_id=f"calibration-{name}-{i}")
             num_added[name] = batch
             for _ in range(num_steps):  # bounded: the newcomers' prefill, until every sequence decodes
+                start = time.perf_counter()
                 engine.step()
-                if timers[name].last_decode_batch == batch:
+                if timers[name].last_decode_batch == batch:  # the first decode step at this size is a sample too
+                    steps[name].append(time.perf_counter() - start)
+                    forwards[name].append(timers[name].last_forward_s)
                     break
-        steps: dict[str, list[float]] = {name: [] for name in timing}
-        forwards: dict[str, list[float]] = {name: [] for name in timing}
-        for _ in range(repeats):
+        for _ in range(repeats - 1):
             for name in timing:
                 start = time.perf_counter()
                 engines[name].step()
@@ -305,7 +315,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
             engine.abort(f"calibration-{name}-{i}")
     # A prompt chunk alone in a step, on each variant: big GEMMs, where the execution paths differ least.
     prefills: dict[str, list[float]] = {name: [] for name in order}
-    for repeat in range(repeats):
+    for repeat in range(PROMPT_REPEATS):
         for name, engine in engines.items():
             # NOTE: a prompt of its own (no prefix-cache hit): every token is computed
             prompt = [(11 * repeat + 5 * j + 3) % (vocab - 1) + 1 for j in range(chunk)]
@@ -333,6 +343,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
                            temperature=SAMPLING_TEMPERATURE,
                            failed=failed or None, accuracy_s=cost - timed_s,
                            method=(f"best of {repeats} decode steps per variant and batch size, variants interleaved, "
+                                   f"one {chunk}-token prompt chunk each, "
                                    f"in the server process before the load ({cost:.1f} s, {len(order)} variants)"))
 
 
