@@ -74,18 +74,19 @@ def calibration(run_path: str = "optimized") -> StepCalibration:
 
 
 def loaded_steps(n: int, calibrated: StepCalibration, path: str, batches: list[int], seed: int = 0) -> pd.DataFrame:
-    """Steps of a loaded server on ``path``: the calibrated forward of the decoding sequences plus what the load adds
-    (10 ms a step, 1 ms a sequence, 60 us a prompt token, 40 of them in the forward), 3% noise."""
+    """Steps of a loaded server on ``path``: the calibrated forward of the decoding sequences, stretched 1.3 times
+    (the rest of the machine's share of the CPU), plus what the load adds (10 ms a step, 1 ms a sequence, 60 us a
+    prompt token, 40 of them in the forward), 3% noise."""
     rng = np.random.default_rng(seed)
     prefill = rng.choice([0, 0, 0, 128], n)
     decode = rng.choice(batches, n) * (prefill == 0) + (prefill > 0) * rng.choice([0, 1], n)
     context = decode * 100 + rng.integers(0, 50, n)
     share = calibrated.forward(path, 16) / calibrated.forward(calibrated.run_path, 16)
-    path_forward = np.array([calibrated.forward(path, max(d, 1)) for d in decode]) + 40e-6 * prefill * share
+    path_forward = 1.3 * np.array([calibrated.forward(path, max(d, 1)) for d in decode]) + 40e-6 * prefill * share
     stolen = 0.010 + 0.001 * decode + 20e-6 * prefill
     total = (path_forward + stolen) * rng.lognormal(0.0, 0.03, n)
     start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
-    return pd.DataFrame({"start_time": start, "total_s": total, "forward_s": path_forward + 0.002,
+    return pd.DataFrame({"start_time": start, "total_s": total, "forward_s": path_forward,
                          "host_overhead_s": 0.0, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
                          "num_kv_slots_used": context})
 
@@ -101,6 +102,7 @@ def test_a_calibrated_fit_predicts_a_batch_size_the_run_never_reached() -> None:
     truth = mean_decode_period(loaded_steps(1200, calibrated, "optimized", [8], seed=1), 8)
     model = fit_step_model(run, calibration=calibrated)
     assert model is not None and model.calibration is calibrated
+    assert model.load_factor == pytest.approx(1.3, rel=0.01)
     assert model.total.overhead_s == pytest.approx(0.010, rel=0.15)
     assert model.holdout_mape < 0.05
     at_eight = model.step_time(StepWork(0, 8, 800))
