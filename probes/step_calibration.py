@@ -9,8 +9,12 @@ representative context, with the run's settings and with each execution variant 
 natively (:mod:`probes.execution_variants`: the optimized path for an eager run, bfloat16, int8/int4
 weights, the other attention backend), interleaved step by step so whatever else the machine does
 hits all alike. Each (variant, batch) keeps its best of ``repeats`` steps, as a peak is: what the
-variant does on this machine. Then one prompt chunk (``context`` tokens, alone in its step) is timed
-on each, for what a variant saves on prompt rows; and each variant that changes the numbers is
+variant does on this machine. Each decoding sequence samples as the load's requests do (temperature 1,
+what the server gives a request that names none): a sampled row costs a softmax and a draw over the
+vocabulary, more than an argmax, and a batch of 16 pays it 16 times. Then one prompt chunk, alone in its
+step, is timed on each variant, for what a variant saves on prompt rows: as many tokens as the load's
+prompt steps carry (:func:`typical_prompt_step`: the prompts that start together, cut to the token
+budget), since a bigger chunk saves a different share; and each variant that changes the numbers is
 compared with the run's own on a few fixed prompts (:mod:`probes.accuracy`): its price.
 
 It is written as ``step_calibration.json`` and read by two consumers, so they never disagree:
@@ -38,7 +42,12 @@ from probes.execution_variants import ExecutionVariant, execution_variants
 
 MAX_BATCH = 16
 LEVER_BATCHES = (1, 4, 16)
-DEFAULT_REPEATS = 2
+# How the calibration's sequences sample: as the load's requests do, which name no temperature and get the
+# server's default (engine.server.inputs.DEFAULT_TEMPERATURE).
+SAMPLING_TEMPERATURE = 1.0
+DEFAULT_REPEATS = 2  # decode steps per (variant, batch size), the first at that size included
+# Prompt chunks per variant: one, as long as the load's prompt steps, costs what two of a decode context did.
+PROMPT_REPEATS = 1
 DEFAULT_CONTEXT = 128
 PATHS = ("eager", OPTIMIZED)
 # The engine settings the calibration keeps from the run (its pool and seats are sized for the calibration).
@@ -76,6 +85,7 @@ class StepCalibration:
     load_s: float | None = None  # what this run paid for it (cost_s when measured now)
     # variant -> its batch sizes, where fewer than ``batches`` (the levers' are timed at a few sizes); None: all
     variant_batches: dict[str, list[int]] | None = None
+    temperature: float | None = None  # how the decoding sequences sampled (None in older files: greedy)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +167,15 @@ def lever_batches(batches: Sequence[int]) -> list[int]:
     return sorted({b for b in batches if b in LEVER_BATCHES} | {batches[0], batches[-1]})
 
 
+def typical_prompt_step(median_prompt: float, concurrency: int, budget: int) -> int:
+    """The prompt tokens a step of this load typically computes: the prompts of the sequences that start together
+    (``concurrency``: a closed loop's users or the seats, whichever fewer, begin together and, with like lengths,
+    finish and send again together), cut to the step's token ``budget``; at least one token."""
+    if concurrency < 1 or budget < 1:
+        raise ValueError(f"concurrency and budget must be >= 1, got {concurrency}, {budget}")
+    return max(1, min(budget, round(concurrency * median_prompt)))
+
+
 def calibration_batches(num_kv_blocks: int, block_size: int, context: int, num_steps: int,
                         max_batch: int = MAX_BATCH) -> list[int]:
     """Powers of two up to what twice the pool holds at ``context`` + ``num_steps`` tokens a sequence (the pool
@@ -166,14 +185,17 @@ def calibration_batches(num_kv_blocks: int, block_size: int, context: int, num_s
     return [2 ** k for k in range(int(math.log2(most)) + 1)]
 
 
-def calibrate(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT) -> StepCalibration:
+def calibrate(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT,
+              prompt_tokens: int | None = None) -> StepCalibration:
     """The run's calibration: read from the cache when this machine, model, code and settings were calibrated
-    before (``cached``, ``load_s`` what reading it cost), else measured now (:func:`measure_calibration`) and kept."""
+    before (``cached``, ``load_s`` what reading it cost), else measured now (:func:`measure_calibration`) and kept.
+    ``prompt_tokens``: the prompt chunk to time (default: ``context`` tokens, cut to the token budget)."""
     started = time.perf_counter()
     variants = execution_variants(config, config.torch_device)
     settings = {**{name: getattr(config, name) for name in KEPT_SETTINGS}, "execution": config.execution,
                 "num_kv_blocks": config.num_kv_blocks, "max_model_len": config.max_model_len, "model": config.model,
-                "context": context, "repeats": DEFAULT_REPEATS, "variants": [v.name for v in variants]}
+                "context": context, "prompt_tokens": prompt_tokens, "repeats": DEFAULT_REPEATS,
+                "temperature": SAMPLING_TEMPERATURE, "variants": [v.name for v in variants]}
     key = cache_key(model_identity(config.model, str(loaded.source)), settings)
     kept = read_cached(key)
     if kept is not None:
@@ -185,7 +207,7 @@ def calibrate(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT) -> StepC
             calibration.cached, calibration.cache_key = True, key
             calibration.load_s = time.perf_counter() - started
             return calibration
-    calibration = measure_calibration(loaded, config, context, variants=variants)
+    calibration = measure_calibration(loaded, config, context, variants=variants, prompt_tokens=prompt_tokens)
     calibration.cache_key, calibration.load_s = key, calibration.cost_s
     write_cached(key, calibration.to_dict())
     return calibration
@@ -193,14 +215,15 @@ def calibrate(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT) -> StepC
 
 def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT, batches: Sequence[int] | None = None,
                         repeats: int = DEFAULT_REPEATS, variants: Sequence[ExecutionVariant] | None = None,
-                        with_accuracy: bool = True) -> StepCalibration:
+                        with_accuracy: bool = True, prompt_tokens: int | None = None) -> StepCalibration:
     """Time decode steps of ``loaded`` at each batch size on the run's own way and every ``variants`` (default: the
     execution levers this device runs natively, :func:`~probes.execution_variants.execution_variants`), under the
     settings of ``config`` (a finalized :class:`~engine.config.EngineConfig`, the run's), interleaved step by step;
-    then one prompt chunk each, and (``with_accuracy``) what each variant that changes the numbers costs in accuracy.
+    then one prompt chunk of ``prompt_tokens`` tokens each (default ``context``; at most the token budget), and
+    (``with_accuracy``) what each variant that changes the numbers costs in accuracy.
 
     One engine per variant is built on ``loaded``; requests join as the batch grows (1, 2, 4, ...), each
-    size gets one untimed step after its newcomers' prefill, then ``repeats`` timed steps per variant.
+    size gets its newcomers' prefill, then ``repeats`` decode steps per variant, the first of them right after.
     A variant whose engine cannot be built here is left out, with the reason in ``failed``.
     """
     from engine import EngineConfig, LLMEngine, SamplingParams
@@ -224,11 +247,21 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     kept = {name: getattr(config, name) for name in KEPT_SETTINGS}
     changes: dict[str, dict[str, str]] = {run_path: {}}
     changes.update({v.name: dict(v.changes) for v in variants if v.name != run_path})
-    # NOTE: a paged sequence only ever holds context + num_steps tokens; a contiguous one reserves max_model_len.
+    # A prompt chunk as the load's prompt steps carry it: at most the token budget (a step computes no more).
+    budget = int(config.max_num_batched_tokens or context)
+    chunk = max(1, min(prompt_tokens or context, budget, max_model_len - 1))
+    # NOTE: a paged decoding sequence only ever holds context + num_steps tokens, the chunk its tokens and one
+    # output, never both at once: the pool holds the larger need (the optimized CPU path faults all of it in
+    # when built); a contiguous sequence reserves max_model_len.
     is_contiguous = config.kv_layout == "contiguous"
     block = int(config.block_size)
-    model_len = max_model_len if is_contiguous else min(max_model_len, math.ceil((context + num_steps + 1) / block) * block)
-    per_seq_blocks = math.ceil(model_len / block) + (0 if is_contiguous else 1)
+    model_len = max_model_len if is_contiguous else min(max_model_len,
+                                                        math.ceil((max(context + num_steps, chunk) + 1) / block) * block)
+    if is_contiguous:
+        num_blocks = math.ceil(model_len / block) * batches[-1] + 2
+    else:
+        decode_blocks = (math.ceil((context + num_steps + 1) / block) + 1) * batches[-1]
+        num_blocks = max(decode_blocks, math.ceil((chunk + 1) / block) + 1) + 2
     engines: dict[str, Any] = {}
     failed: dict[str, str] = {}
     for name, change in changes.items():
@@ -236,7 +269,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
         try:
             engines[name] = LLMEngine(EngineConfig(model=config.model, host_overhead_ms=0.0, enable_prefix_caching=True,
                                                    max_num_seqs=batches[-1], max_model_len=model_len,
-                                                   num_kv_blocks=per_seq_blocks * batches[-1] + 2, **settings), loaded)
+                                                   num_kv_blocks=num_blocks, **settings), loaded)
         except (ValueError, RuntimeError) as exc:
             if name == run_path:
                 raise
@@ -244,7 +277,7 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     order = list(engines)
     vocab = loaded.config.vocab_size
     shared = [(7 + 13 * j) % (vocab - 1) + 1 for j in range(context - 1)]
-    params = SamplingParams(max_tokens=num_steps, ignore_eos=True)
+    params = SamplingParams(max_tokens=num_steps, ignore_eos=True, temperature=SAMPLING_TEMPERATURE)
     step_s: dict[str, list[float]] = {name: [] for name in order}
     forward_s: dict[str, list[float]] = {name: [] for name in order}
     timers = {name: _ForwardTimer() for name in order}
@@ -254,18 +287,21 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
     num_added = dict.fromkeys(order, 0)
     for batch in batches:
         timing = [name for name in order if batch in timed_at[name]]
+        steps: dict[str, list[float]] = {name: [] for name in timing}
+        forwards: dict[str, list[float]] = {name: [] for name in timing}
         for name in timing:
             engine = engines[name]
             for i in range(num_added[name], batch):
                 engine.add_request([*shared, (i % (vocab - 1)) + 1], params, request_id=f"calibration-{name}-{i}")
             num_added[name] = batch
             for _ in range(num_steps):  # bounded: the newcomers' prefill, until every sequence decodes
+                start = time.perf_counter()
                 engine.step()
-                if timers[name].last_decode_batch == batch:
+                if timers[name].last_decode_batch == batch:  # the first decode step at this size is a sample too
+                    steps[name].append(time.perf_counter() - start)
+                    forwards[name].append(timers[name].last_forward_s)
                     break
-        steps: dict[str, list[float]] = {name: [] for name in timing}
-        forwards: dict[str, list[float]] = {name: [] for name in timing}
-        for _ in range(repeats):
+        for _ in range(repeats - 1):
             for name in timing:
                 start = time.perf_counter()
                 engines[name].step()
@@ -278,9 +314,8 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
         for i in range(num_added[name]):
             engine.abort(f"calibration-{name}-{i}")
     # A prompt chunk alone in a step, on each variant: big GEMMs, where the execution paths differ least.
-    chunk = max(1, min(context, int(config.max_num_batched_tokens or context)))
     prefills: dict[str, list[float]] = {name: [] for name in order}
-    for repeat in range(repeats):
+    for repeat in range(PROMPT_REPEATS):
         for name, engine in engines.items():
             # NOTE: a prompt of its own (no prefix-cache hit): every token is computed
             prompt = [(11 * repeat + 5 * j + 3) % (vocab - 1) + 1 for j in range(chunk)]
@@ -305,8 +340,10 @@ def measure_calibration(loaded: Any, config: Any, context: int = DEFAULT_CONTEXT
                            prefill_forward_s={name: min(t) for name, t in prefills.items()}, prefill_tokens=chunk,
                            variants={name: changes[name] for name in order}, accuracy=accuracy or None,
                            variant_batches={name: b for name, b in timed_at.items() if b != list(batches)} or None,
+                           temperature=SAMPLING_TEMPERATURE,
                            failed=failed or None, accuracy_s=cost - timed_s,
                            method=(f"best of {repeats} decode steps per variant and batch size, variants interleaved, "
+                                   f"one {chunk}-token prompt chunk each, "
                                    f"in the server process before the load ({cost:.1f} s, {len(order)} variants)"))
 
 

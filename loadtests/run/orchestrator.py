@@ -246,10 +246,11 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
     server_dir = out.parent / f".{out.name}-server"
     if server_dir.exists():
         raise ValueError(f"{server_dir} exists; remove it or pick another --out")
-    # NOTE: the load's workload, so the server's step calibration is taken at this load's typical context
+    # NOTE: the load's workload and how far its users go, so the server's step calibration is taken at this
+    # load's typical context and prompt step
     workload = out.parent / f".{out.name}-workload.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    workload.write_text(json.dumps({"config": base.to_dict()}))
+    workload.write_text(json.dumps({"config": base.to_dict(), "max_users": search.max_users}))
     argv = ["--workload-json", str(workload), "--workload-seed", str(base.seed), *serve_argv]
     point_dirs: list[Path] = []
     try:

@@ -26,7 +26,7 @@ from loadtests.config import LoadConfig
 from loadtests.plan import build_plan
 from probes.peaks import measure_peaks
 from probes.run_dir import CALIBRATION_NAME, RunDirectory
-from probes.step_calibration import DEFAULT_CONTEXT, calibrate
+from probes.step_calibration import DEFAULT_CONTEXT, calibrate, typical_prompt_step
 
 RUN_DIR_FLAG = "--run-dir"
 
@@ -93,31 +93,39 @@ def calibrate_steps(engine: Any, loaded: Any, run_dir: str, workload: dict[str, 
         return  # the baselines (naive, static) have neither paths nor a scheduler the replay runs
     config = engine.config
     try:
-        context = representative_context(workload, engine)
-        calibration = calibrate(loaded, config, context)
+        context, prompt_step = representative_load(workload, engine)
+        calibration = calibrate(loaded, config, context, prompt_step)
         RunDirectory(run_dir).save(CALIBRATION_NAME, calibration)
         how = (f"read from the cache in {calibration.load_s or 0.0:.2f} s (measured in {calibration.cost_s:.1f} s "
                f"before)" if calibration.cached else f"took {calibration.cost_s:.1f} s")
         print(f"servescope: step calibration {how}: {', '.join(calibration.forward_s)} at batch sizes "
-              f"{calibration.batches}, {calibration.context}-token contexts", file=sys.stderr)
+              f"{calibration.batches}, {calibration.context}-token contexts, a {calibration.prefill_tokens}-token "
+              f"prompt chunk", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - reported; the verdict then says the paths were not timed
         print(f"servescope: warning: the step calibration failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def representative_context(workload: dict[str, Any] | None, engine: Any) -> int:
-    """The context a decoding sequence of this load typically has: the median planned prompt plus half the
-    median output; :data:`DEFAULT_CONTEXT` when the load is not known here."""
+def representative_load(workload: dict[str, Any] | None, engine: Any) -> tuple[int, int | None]:
+    """The context a decoding sequence of this load typically has (the median planned prompt plus half the median
+    output) and the prompt tokens its steps typically compute (:func:`~probes.step_calibration.typical_prompt_step`:
+    as many median prompts as sequences start together, the users or the seats, cut to the token budget);
+    :data:`DEFAULT_CONTEXT` and None (the calibration's default chunk) when the load is not known here."""
     config = (workload or {}).get("config")
     if not config:
-        return DEFAULT_CONTEXT
+        return DEFAULT_CONTEXT, None
     try:
         known = {name: config[name] for name in LoadConfig.__dataclass_fields__ if name in config}
         plan = build_plan(LoadConfig(**known), engine.tokenizer, engine.config.max_model_len)
     except (ValueError, TypeError, OSError):
-        return DEFAULT_CONTEXT
+        return DEFAULT_CONTEXT, None
     prompt = statistics.median(item.num_prompt_tokens for item in plan)
     output = statistics.median(item.max_tokens for item in plan)
-    return max(1, round(prompt + output / 2))
+    seats = int(engine.config.max_num_seqs)
+    # NOTE: a capacity search raises the users up to max_users; an open loop's arrivals queue for the seats
+    users = (workload.get("max_users") or config.get("users")) if config.get("mode", "closed") == "closed" else None
+    concurrency = min(int(users), seats) if users else seats
+    budget = int(engine.config.max_num_batched_tokens or prompt)
+    return max(1, round(prompt + output / 2)), typical_prompt_step(prompt, concurrency, budget)
 
 
 def main(argv: list[str] | None = None) -> int:

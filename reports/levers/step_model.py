@@ -10,12 +10,16 @@ HTTP and streaming threads sharing the cores, is part of the per-step cost), les
 - ``decode_seq_s``: each sequence decoding one token (its row, sampling, streaming the token out);
 - ``context_token_s``: each cached token the step's attention reads.
 
-With a step calibration (:mod:`probes.step_calibration`: the forward of a decode step timed at batch
-sizes 1, 2, 4, ... before the load) the forward's dependence on the batch size is measured, not fitted:
-a step costs the calibrated forward of its decoding sequences (at least one row), plus the linear
+With a step calibration (:mod:`probes.step_calibration`: a decode step timed at batch sizes 1, 2, 4, ...
+before the load) the step's dependence on the batch size is measured, not fitted: a step costs the
+calibrated step of its decoding sequences (at least one row: the forward and, where the calibration's
+sequences sampled as the load's do, their sampling, which a batch pays per row), plus the linear
 terms above fitted on what is left, i.e. what the loaded server adds to that forward (its host work,
-the time the rest of the machine takes from the step, prompt rows, context beyond the calibrated
-one). A batch size the run never reached then costs what the calibration measured for it, not a
+prompt rows, context beyond the calibrated one). The rest of the loaded machine (the server's HTTP
+threads, the load client on the same cores) takes a share of the CPU from every step, so the calibrated
+step is first stretched by the run's **load factor**: its decode steps' median forward over the
+calibrated forward at their batch size (1.38 in a float32 run of 32 users over 2 seats, where the
+int4 way's forward then ran 1.35 times its calibrated one, not the same milliseconds more). A batch size the run never reached then costs what the calibration measured for it, not a
 line drawn through the one or two sizes the run had. Without a calibration the forward term is zero
 and the linear terms carry everything; in a run whose batch never changed size the per-sequence
 cost then cannot be told from the per-step cost, and the fit, preferring fewer terms, predicts a
@@ -29,6 +33,7 @@ the model forward alone; the execution lever uses it for the prompt rows of a st
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,12 +90,21 @@ class StepModel:
     mean_step_s: float
     host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (the OS may stretch it)
     calibration: StepCalibration | None = None
+    load_factor: float = 1.0  # the run's loaded forward over the calibrated one (:func:`load_factor`)
 
     def calibrated_forward(self, work: StepWork, path: str | None = None) -> float:
         """The calibrated forward of the step's decoding sequences (at least one row) on ``path``; 0 uncalibrated."""
         if self.calibration is None:
             return 0.0
-        return self.calibration.forward(path or self.calibration.run_path, max(work.num_decode_tokens, 1))
+        return self.load_factor * self.calibration.forward(path or self.calibration.run_path,
+                                                           max(work.num_decode_tokens, 1))
+
+    def calibrated_step(self, work: StepWork) -> float:
+        """The run's own calibrated decode step at the step's decoding sequences (:func:`calibrated_base`), stretched
+        by the load factor."""
+        if self.calibration is None:
+            return 0.0
+        return self.load_factor * float(calibrated_base([max(work.num_decode_tokens, 1)], self.calibration)[0])
 
     def linear_work(self, work: StepWork) -> StepWork:
         """What the linear terms see: with a calibration, only the context beyond the calibrated one."""
@@ -104,11 +118,12 @@ class StepModel:
         quantized weights, an attention backend; default the run's own), plus the host time a
         ``--host-overhead-ms`` setting burns.
 
-        On another variant the step saves what the calibration measured it to save: the forward of its
-        decoding sequences in milliseconds (what the rest of the loaded machine takes from a step is the
-        same whatever the variant), and on its prompt rows the share it saved on a calibrated prompt chunk.
+        On another variant the step saves what the calibration measured it to save on the forward of its
+        decoding sequences, stretched by the load factor (the rest of the loaded machine takes the same share
+        of either variant's forward), and on its prompt rows the share it saved on a calibrated prompt chunk;
+        the fitted terms (per step, per sequence, per token) stay.
         """
-        own = self.calibrated_forward(work) + self.total.predict(self.linear_work(work))
+        own = self.calibrated_step(work) + self.total.predict(self.linear_work(work))
         saved = 0.0
         if self.calibration is not None and path is not None and path != self.calibration.run_path:
             calibration = self.calibration
@@ -126,6 +141,7 @@ class StepModel:
                 "num_holdout_steps": self.num_holdout_steps, "holdout_mape": self.holdout_mape,
                 "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s,
                 "host_overhead_s": self.host_overhead_s, "calibrated": self.calibration is not None,
+                "load_factor": self.load_factor,
                 "calibration_batches": self.calibration.batches if self.calibration is not None else None}
 
 
@@ -171,6 +187,39 @@ def calibrated_forward_s(steps: pd.DataFrame, calibration: StepCalibration | Non
     return np.array([calibration.forward(calibration.run_path, max(d, 1.0)) for d in decode])
 
 
+def calibrated_base(batches: Sequence[float], calibration: StepCalibration) -> np.ndarray:
+    """The run's own calibrated cost of a decode step at each of ``batches`` sequences, the base the fitted terms
+    add to: the whole step (forward, sampling, the engine's host phases) where the calibration's sequences
+    sampled as the load's do (``temperature`` recorded), else the forward alone.
+
+    NOTE: an older calibration sampled greedily, an argmax per row, while the load's requests sample at
+    temperature 1 (a softmax and a draw over the vocabulary per row, about as much as a small model's
+    row of forward); its step would carry a per-sequence cost the load does not have, so its forward is
+    the base and the fit's per-sequence term carries the sampling, from the batch sizes the run had.
+    """
+    table = calibration.step if calibration.temperature is not None else calibration.forward
+    return np.array([table(calibration.run_path, max(b, 1.0)) for b in batches])
+
+
+def load_factor(busy: pd.DataFrame, calibration: StepCalibration | None) -> float:
+    """How much slower the run's decode forwards ran than the calibration's at their batch sizes: the median
+    of loaded forward over calibrated forward on the busy decode-only steps (1.0 without a calibration or
+    such steps).
+
+    NOTE: a run whose batch barely changes (2 seats always full) cannot tell a cost per step from one per
+    sequence or one in proportion to the forward; the same run's forward against the calibration's can:
+    the loaded machine's share of the CPU stretches the forward in proportion (measured on int4 and float32
+    ways alike), and a lever that changes the forward or the batch keeps that proportion.
+    """
+    if calibration is None:
+        return 1.0
+    decode = busy[busy["num_prefill_tokens"] == 0]
+    if not len(decode):
+        return 1.0
+    calibrated = calibrated_forward_s(decode, calibration)
+    return float(np.median(decode["forward_only_s"].to_numpy(float) / calibrated))
+
+
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
     """Steps followed at once by another, with ``period_s`` (start to next start, less burnt host time).
 
@@ -197,11 +246,14 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     if is_holdout.sum() == 0 or (~is_holdout).sum() < len(FEATURES):
         is_holdout = np.arange(len(busy)) % 5 == 0
     x = step_features(busy, calibration)
-    base = calibrated_forward_s(busy, calibration)
+    factor = load_factor(busy, calibration)
+    base_forward = factor * calibrated_forward_s(busy, calibration)
+    base = (factor * calibrated_base(busy["num_decode_tokens"].to_numpy(float), calibration)
+            if calibration is not None else base_forward)
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
     total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout])))
-    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base)[~is_holdout])))
+    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base_forward)[~is_holdout])))
     predicted = base[is_holdout] + x[is_holdout] @ np.array(list(total.to_dict().values()))
     measured = y[is_holdout]
     positive = measured > 0
@@ -211,4 +263,4 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     return StepModel(total=total, forward=forward, num_fit_steps=int((~is_holdout).sum()),
                      num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
                      mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()),
-                     calibration=calibration)
+                     calibration=calibration, load_factor=factor)

@@ -6,7 +6,14 @@ import pytest
 
 from engine import EngineConfig
 from probes.execution_variants import ExecutionVariant
-from probes.step_calibration import StepCalibration, calibration_batches, interpolate, measure_calibration
+from probes.step_calibration import (
+    SAMPLING_TEMPERATURE,
+    StepCalibration,
+    calibration_batches,
+    interpolate,
+    measure_calibration,
+    typical_prompt_step,
+)
 from tests.reports.driver import shared_model
 
 
@@ -49,3 +56,28 @@ def test_both_paths_are_timed_on_the_runs_settings() -> None:
     assert again.forward("optimized", 3) == calibration.forward("optimized", 3)
     timing = again.path_timing(3, context=50)
     assert timing.run_path == "eager" and timing.batch == 3 and set(timing.step_s) == {"eager", "optimized"}
+
+
+def test_the_prompt_chunk_is_the_prompts_that_start_together_cut_to_the_token_budget() -> None:
+    # 16 users on 16 seats with 128-token prompts: they start and finish together, a step carries the budget
+    assert typical_prompt_step(median_prompt=128, concurrency=16, budget=512) == 512
+    # 2 seats (whatever the users queued behind them): two prompts of 133 tokens meet in a step
+    assert typical_prompt_step(median_prompt=133, concurrency=2, budget=512) == 266
+    assert typical_prompt_step(median_prompt=128, concurrency=1, budget=512) == 128
+    assert typical_prompt_step(median_prompt=0.2, concurrency=1, budget=512) == 1
+    with pytest.raises(ValueError, match="concurrency and budget"):
+        typical_prompt_step(median_prompt=128, concurrency=0, budget=512)
+
+
+def test_the_calibration_times_the_chunk_it_is_given_within_the_budget_and_samples_as_the_load_does() -> None:
+    loaded = shared_model("dummy:tiny")
+    config = EngineConfig(model="dummy:tiny", device="cpu", num_threads=1, max_num_seqs=2,
+                          max_num_batched_tokens=96).finalize(loaded.config)
+    calibration = measure_calibration(loaded, config, context=24, batches=[1, 2], repeats=1, variants=[],
+                                      prompt_tokens=80)
+    assert calibration.prefill_tokens == 80 and calibration.context == 24
+    assert calibration.temperature == SAMPLING_TEMPERATURE
+    assert set(calibration.prefill_forward_s or {}) == {calibration.run_path}
+    # past the token budget a step would not carry it: the chunk is the budget
+    capped = measure_calibration(loaded, config, context=24, batches=[1], repeats=1, variants=[], prompt_tokens=500)
+    assert capped.prefill_tokens == 96
