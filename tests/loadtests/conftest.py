@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -19,8 +20,12 @@ MODEL = "dummy:tiny"
 FAST_LOAD = ["--workload", "fixed", "--max-tokens", "8", "--stop-timeout", "15"]
 
 
+@functools.cache
 def servescope_command() -> list[str]:
-    """``servescope`` as installed when it has the load commands, else the same commands from the checkout."""
+    """``servescope`` as installed when it has the load commands, else the same commands from the checkout.
+
+    NOTE: cached: asking the installed script for its ``--help`` starts a process that imports the whole CLI.
+    """
     script = Path(sys.executable).parent / "servescope"
     if script.exists():
         listed = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
