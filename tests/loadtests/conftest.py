@@ -47,9 +47,13 @@ def run_cli(*args: str, timeout_s: float = 120.0, cwd: Path | None = None) -> su
                           cwd=cwd, env=cli_env())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dummy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """``servescope serve --model dummy:tiny`` with probes, for tests that load an already-running server."""
+    """``servescope serve --model dummy:tiny`` with probes, for tests that load an already-running server.
+
+    NOTE: one server for the whole session: every test that uses it reads only its own load's rows, files and
+    counter growth, never the server's totals, so earlier loads do not change what a test sees.
+    """
     server = ServerProcess(tmp_path_factory.mktemp("server"), ["--model", MODEL, "--execution", "eager"])
     server.start()
     try:
