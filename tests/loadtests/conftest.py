@@ -61,3 +61,17 @@ def dummy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def without_execution_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process ``servescope load`` runs that skip the execution reference after the load (a second
+    ``servescope serve`` start and its timed decode steps: seconds per run).
+
+    NOTE: only for tests that read nothing of it. test_load's sweep test checks the reference against the same
+    server, and a failing reference never fails a run (it is noted and the run stands), so a test that does not
+    read execution_reference.json checks nothing of it by running it.
+    """
+    from loadtests.run import orchestrator
+
+    monkeypatch.setattr(orchestrator, "time_reference", lambda *args, **kwargs: None)
