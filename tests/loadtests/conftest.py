@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -19,8 +20,12 @@ MODEL = "dummy:tiny"
 FAST_LOAD = ["--workload", "fixed", "--max-tokens", "8", "--stop-timeout", "15"]
 
 
+@functools.cache
 def servescope_command() -> list[str]:
-    """``servescope`` as installed when it has the load commands, else the same commands from the checkout."""
+    """``servescope`` as installed when it has the load commands, else the same commands from the checkout.
+
+    NOTE: cached: asking the installed script for its ``--help`` starts a process that imports the whole CLI.
+    """
     script = Path(sys.executable).parent / "servescope"
     if script.exists():
         listed = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
@@ -42,9 +47,13 @@ def run_cli(*args: str, timeout_s: float = 120.0, cwd: Path | None = None) -> su
                           cwd=cwd, env=cli_env())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dummy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """``servescope serve --model dummy:tiny`` with probes, for tests that load an already-running server."""
+    """``servescope serve --model dummy:tiny`` with probes, for tests that load an already-running server.
+
+    NOTE: one server for the whole session: every test that uses it reads only its own load's rows, files and
+    counter growth, never the server's totals, so earlier loads do not change what a test sees.
+    """
     server = ServerProcess(tmp_path_factory.mktemp("server"), ["--model", MODEL, "--execution", "eager"])
     server.start()
     try:
@@ -52,3 +61,17 @@ def dummy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def without_execution_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process ``servescope load`` runs that skip the execution reference after the load (a second
+    ``servescope serve`` start and its timed decode steps: seconds per run).
+
+    NOTE: only for tests that read nothing of it. test_load's sweep test checks the reference against the same
+    server, and a failing reference never fails a run (it is noted and the run stands), so a test that does not
+    read execution_reference.json checks nothing of it by running it.
+    """
+    from loadtests.run import orchestrator
+
+    monkeypatch.setattr(orchestrator, "time_reference", lambda *args, **kwargs: None)

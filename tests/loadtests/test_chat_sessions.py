@@ -32,6 +32,7 @@ def test_chat_sessions_need_the_chat_api_and_users() -> None:
         LoadConfig(rate=2.0, workload="chat-sessions", api="chat")
 
 
+@pytest.mark.usefixtures("without_execution_reference")
 def test_each_turn_resends_the_history_and_hits_the_prefix_cache(tmp_path, dummy_server: ServerProcess) -> None:
     out = tmp_path / "run"
     assert main(["load", "--target", dummy_server.url, "--tokenizer", "dummy:tiny", "--workload", "chat-sessions",

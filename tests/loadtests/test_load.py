@@ -114,6 +114,7 @@ def test_poisson_arrivals_keep_the_rate_and_the_seeded_schedule(tmp_path, dummy_
     assert point.open_loop is not None and point.open_loop.offered_rate_per_s == rate
 
 
+@pytest.mark.usefixtures("without_execution_reference")
 def test_burst_workload_sends_groups_that_arrive_together(tmp_path, dummy_server: ServerProcess) -> None:
     out = tmp_path / "run"
     assert main(["load", "--target", dummy_server.url, "--workload", "burst", "--burst-size", "4", "--rate", "8",

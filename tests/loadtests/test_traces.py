@@ -103,6 +103,7 @@ def test_mooncake_hash_ids_become_shared_prefix_blocks(tokenizer) -> None:
     assert any(trace[i].hash_ids[0] == trace[j].hash_ids[0] for i in range(len(trace)) for j in range(i))
 
 
+@pytest.mark.usefixtures("without_execution_reference")
 def test_trace_replay_sends_on_schedule_with_the_exact_lengths(tmp_path, dummy_server: ServerProcess,
                                                                tokenizer) -> None:
     out = tmp_path / "run"
