@@ -128,7 +128,7 @@ static __thread size_t scratch_bytes;
 
 static char *carve(char **p, size_t bytes) {
     char *at = *p;
-    *p += (bytes + 63) & ~(size_t)63;
+    *p += align64(bytes);
     return at;
 }
 
@@ -162,7 +162,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
         quant_scratch_bytes(M, widest, num_threads),       /* quantized activations */
     };
     size_t need = 0;
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) need += (sizes[i] + 63) & ~(size_t)63;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) need += align64(sizes[i]);
     if (need > scratch_bytes) {
         free(scratch);
         scratch = aligned_alloc(64, need);

@@ -21,6 +21,9 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(v.u >> 16);
 }
 
+/* n rounded up to a whole number of 64-byte cache lines (every scratch piece starts on one). */
+static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 /* e^x, branch-free so that the loops over it (the SiLU, the softmax) vectorize; libm's expf is a call per
  * element. 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2, e^r by its Taylor series to r^6 (relative
  * error about 1e-7, a float's own rounding). x is clamped to where 2^n stays a normal float. */

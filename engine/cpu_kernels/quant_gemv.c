@@ -330,7 +330,8 @@ static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *
  * threads would only wait (quantizing a row costs less than the barrier and the wait). */
 #define PRIVATE_ROWS 4
 
-static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+/* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
+static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 
 /* Bytes of one copy of M rows' quantized activations: xq, then dx and sx. */
 static size_t acts_stride(int64_t M, int64_t K) {
@@ -391,14 +392,14 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
 /* Bytes of scratch quant_gemm_team needs for M rows of K inputs on `threads` threads: the quantized
  * activations (one copy per thread for a few rows), then K floats per thread. */
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads) {
-    const size_t copies = M <= PRIVATE_ROWS ? (size_t)threads : 1;
+    const size_t copies = acts_copies(M, threads);
     return copies * acts_stride(M, K) + sizeof(float) * (size_t)(threads * K);
 }
 
 /* Carve `scratch` (quant_scratch_bytes of it for `threads`, 64-byte aligned) into the activations and the
  * per-thread rows. */
 void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, QuantActs *a, float **rows) {
-    const size_t copies = M <= PRIVATE_ROWS ? (size_t)threads : 1;
+    const size_t copies = acts_copies(M, threads);
     *a = acts_at(scratch, M, K);
     *rows = (float *)((char *)scratch + copies * acts_stride(M, K));
 }
@@ -418,7 +419,7 @@ int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *p
     const size_t need = quant_scratch_bytes(M, K, num_threads);
     if (need > scratch_bytes) {
         free(scratch);
-        scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
+        scratch = aligned_alloc(64, align64(need));
         scratch_bytes = scratch ? need : 0;
         if (!scratch) return -1;
     }
