@@ -28,7 +28,7 @@ from probes.run_dir import CALIBRATION_NAME, RunDirectory
 from probes.step_calibration import StepCalibration
 from reports.dataset import RunDataset
 from reports.levers.execution import execution_lever_specs
-from reports.levers.replay_inputs import measured_figures, replay_inputs
+from reports.levers.replay_inputs import load_window, measured_figures, replay_inputs
 from reports.levers.saturation import ENGINE_BUSY, FAR_FROM_ROOF
 from reports.levers.step_model import StepModel, fit_step_model
 
@@ -231,10 +231,12 @@ def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
     if not data.has_engine_probes:
         return Predictions(unknown="the run has no engine steps to fit a step-time model on (an external server)")
     calibration = RunDirectory(data.path).load(CALIBRATION_NAME, StepCalibration)
-    model = fit_step_model(data.steps_in_window(), calibration=calibration)
+    inputs = replay_inputs(data)
+    # the stalls' share is taken where the throughput the replay is checked against was counted
+    window = None if isinstance(inputs, str) else load_window(data, inputs[1])
+    model = fit_step_model(data.steps_in_window(), calibration=calibration, share_window=window)
     if model is None:
         return Predictions(unknown="too few busy engine steps to fit a step-time model")
-    inputs = replay_inputs(data)
     if isinstance(inputs, str):
         return Predictions(step_model=model.to_dict(), unknown=inputs)
     requests, load = inputs

@@ -93,6 +93,15 @@ def client_gap_s(data: RunDataset) -> float:
     return max(float(gap.median()), 0.0) if len(gap) else 0.0
 
 
+def load_window(data: RunDataset, load: ReplayLoad) -> tuple[float, float] | None:
+    """While the load was sending, after its warm-up: where the run's steady throughput is counted."""
+    client = data.client
+    if client is None or not len(client) or not load.duration_s > 0:
+        return None
+    start = float(client["send_time"].min()) + load.warmup_s
+    return start, start + load.duration_s
+
+
 def measured_figures(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
     """The run's own figures, the ones its predictions are scaled from and a retest is judged on.
 
@@ -105,12 +114,13 @@ def measured_figures(data: RunDataset, load: ReplayLoad) -> dict[str, Any]:
 
     NOTE: the steady rate counts the engine's own token times: a stream's chunk may carry several tokens.
     """
-    lat, client = data.latencies, data.client
+    lat = data.latencies
     ok = lat[lat["is_ok"]] if len(lat) else lat
     window = data.window[1] - data.window[0]
-    if client is None or not len(client) or not load.duration_s > 0:
+    sending = load_window(data, load)
+    if sending is None:
         return {}
-    start = float(client["send_time"].min()) + load.warmup_s
+    start = sending[0]
     engine = data.frame("requests")
     times = [t for row in engine["token_times"] if row is not None for t in row] if len(engine) else []
     steady = sum(1 for t in times if start < t <= start + load.duration_s) / load.duration_s

@@ -47,6 +47,8 @@ HOLDOUT_SHARE = 0.2
 # A step whose period is longer than this many times its own phases was followed by an idle gap.
 IDLE_GAP_FACTOR = 3.0
 MIN_STEPS = 8
+# A step this many robust standard deviations slower than the fit predicts was stalled (see :func:`fit_step_model`).
+STALL_SIGMAS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +90,15 @@ class StepModel:
     holdout_mape: float  # mean |predicted - measured| / measured over held-out steps
     holdout_total_error: float  # (sum predicted - sum measured) / sum measured over held-out steps
     mean_step_s: float
-    host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (the OS may stretch it)
+    host_overhead_s: float = 0.0  # mean host time a step burnt for --host-overhead-ms (a stall in it not counted)
     calibration: StepCalibration | None = None
     load_factor: float = 1.0  # the run's loaded forward over the calibrated one (:func:`load_factor`)
+    stall_share: float = 0.0  # the share of the busy wall time that went to stalled steps' excess (:func:`fit_step_model`)
+
+    @property
+    def stall_factor(self) -> float:
+        """Every predicted step is stretched by this: the stalls took the same share of a lever's time."""
+        return 1.0 / (1.0 - min(self.stall_share, 0.9))
 
     def calibrated_forward(self, work: StepWork, path: str | None = None) -> float:
         """The calibrated forward of the step's decoding sequences (at least one row) on ``path``; 0 uncalibrated."""
@@ -134,14 +142,14 @@ class StepModel:
             row_share = 1.0 - 1.0 / ratio
             saved = (self.calibrated_forward(work) - self.calibrated_forward(work, path)
                      + self.forward.prefill_token_s * work.num_prefill_tokens * row_share)
-        return max(own - saved, 0.0) + host_overhead_s
+        return (max(own - saved, 0.0) + host_overhead_s) * self.stall_factor
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total.to_dict(), "forward": self.forward.to_dict(), "num_fit_steps": self.num_fit_steps,
                 "num_holdout_steps": self.num_holdout_steps, "holdout_mape": self.holdout_mape,
                 "holdout_total_error": self.holdout_total_error, "mean_step_s": self.mean_step_s,
                 "host_overhead_s": self.host_overhead_s, "calibrated": self.calibration is not None,
-                "load_factor": self.load_factor,
+                "load_factor": self.load_factor, "stall_share": self.stall_share,
                 "calibration_batches": self.calibration.batches if self.calibration is not None else None}
 
 
@@ -223,21 +231,32 @@ def load_factor(busy: pd.DataFrame, calibration: StepCalibration | None) -> floa
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
     """Steps followed at once by another, with ``period_s`` (start to next start, less burnt host time).
 
-    A step followed by an idle gap (nothing to run) is left out: its period is not its cost.
+    A step followed by an idle gap (nothing to run) is left out: its period is not its cost. A gap after a
+    step that left requests running or waiting is not idle: the engine had work and was not run (the
+    process stalled between steps); it stays, and the fit finds it a stall (:func:`stalled_steps`).
     """
     steps = steps.sort_values("start_time").reset_index(drop=True)
     period = steps["start_time"].shift(-1) - steps["start_time"]
     own = steps["total_s"]
-    is_busy = period.notna() & (period <= own * IDLE_GAP_FACTOR + 0.002)
+    had_work = ((steps["num_running"] + steps["num_waiting"]) > 0 if {"num_running", "num_waiting"} <= set(steps)
+                else pd.Series(False, index=steps.index))
+    is_busy = period.notna() & ((period <= own * IDLE_GAP_FACTOR + 0.002) | had_work)
     out = steps[is_busy].copy()
-    out["period_s"] = (period[is_busy] - out["host_overhead_s"]).clip(lower=0.0)
+    # NOTE: the burn runs to a deadline; one that took longer than the run's usual burn was stalled, and the
+    # excess stays in the period, where the fit finds the stall
+    burns = steps["host_overhead_s"][steps["host_overhead_s"] > 0]
+    out["burnt_s"] = out["host_overhead_s"].clip(upper=float(burns.median())) if len(burns) else out["host_overhead_s"]
+    out["period_s"] = (period[is_busy] - out["burnt_s"]).clip(lower=0.0)
     out["forward_only_s"] = out["forward_s"]
     return out
 
 
-def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibration | None = None) -> StepModel | None:
+def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibration | None = None,
+                   share_window: tuple[float, float] | None = None) -> StepModel | None:
     """Fit on the busy steps of one run (over ``calibration``'s forward when given); None when there are too
-    few to fit and hold some out."""
+    few to fit and hold some out. The stalls' share of the time (:func:`stalled_steps`) is taken over the steps
+    that started in ``share_window`` (default all): stalls come in bursts, and a share taken over the drain
+    after the load is not the one the load's own window paid."""
     busy = busy_periods(steps)
     if len(busy) < MIN_STEPS:
         return None
@@ -253,14 +272,55 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
     total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout])))
-    forward = Coefficients(*map(float, nnls(x[~is_holdout], (y_forward - base_forward)[~is_holdout])))
-    predicted = base[is_holdout] + x[is_holdout] @ np.array(list(total.to_dict().values()))
+    is_stall = stalled_steps(y - base - x @ _vector(total))
+    if is_stall.any():  # the stalls' excess is time, not work: fit the work without them
+        total = Coefficients(*map(float, nnls(x[~is_holdout & ~is_stall], (y - base)[~is_holdout & ~is_stall])))
+    fit = ~is_holdout & ~is_stall
+    forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit])))
+    modelled = base + x @ _vector(total)
+    burnt = busy["burnt_s"].to_numpy(float)
+    stall_share = _stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float), share_window)
+    predicted = ((modelled + burnt) / (1.0 - min(stall_share, 0.9)) - burnt)[is_holdout]
     measured = y[is_holdout]
     positive = measured > 0
     mape = float(np.mean(np.abs(predicted[positive] - measured[positive]) / measured[positive])) if positive.any() \
         else float("nan")
     total_error = float((predicted.sum() - measured.sum()) / measured.sum()) if measured.sum() > 0 else float("nan")
-    return StepModel(total=total, forward=forward, num_fit_steps=int((~is_holdout).sum()),
+    return StepModel(total=total, forward=forward, num_fit_steps=int(fit.sum()),
                      num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
-                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["host_overhead_s"].mean()),
-                     calibration=calibration, load_factor=factor)
+                     mean_step_s=float(y.mean()), host_overhead_s=float(busy["burnt_s"].mean()),
+                     calibration=calibration, load_factor=factor, stall_share=max(stall_share, 0.0))
+
+
+def _stall_share(measured: np.ndarray, modelled: np.ndarray, is_stall: np.ndarray, start: np.ndarray,
+                 window: tuple[float, float] | None) -> float:
+    """The stalled steps' excess over the modelled step, as a share of the busy wall time (in ``window`` where it
+    holds steps)."""
+    inside = np.ones(len(start), dtype=bool) if window is None else (start >= window[0]) & (start <= window[1])
+    if not inside.any():
+        inside[:] = True
+    busy = float(measured[inside].sum())
+    return float(np.sum((measured - modelled)[is_stall & inside]) / busy) if busy > 0 else 0.0
+
+
+def _vector(coefficients: Coefficients) -> np.ndarray:
+    return np.array(list(coefficients.to_dict().values()))
+
+
+def stalled_steps(residual: np.ndarray) -> np.ndarray:
+    """The steps far slower than the fit predicts: ``STALL_SIGMAS`` robust standard deviations (from the median
+    absolute deviation) above the median residual.
+
+    NOTE: on a shared machine the engine's process is sometimes not run at all for a while (another process,
+    a page fault storm, a collector pass): the step in flight takes that long. That time is a share of the
+    run's wall time, not a cost of the work the step held; fitted as work it lands on whichever features that
+    step happened to have (a prompt's tokens, its batch size), or, held out, nowhere, and a 2-second replay
+    then missed the measured throughput by 10-24% on a loaded machine. Fitted without them, and their
+    excess carried as a share of the time (``StepModel.stall_share``), every step and every lever's step
+    pays the same share.
+    """
+    centre = float(np.median(residual))
+    sigma = 1.4826 * float(np.median(np.abs(residual - centre)))
+    if sigma <= 0.0:
+        return np.zeros(len(residual), dtype=bool)
+    return residual > centre + STALL_SIGMAS * sigma

@@ -46,6 +46,28 @@ def test_burnt_host_time_and_idle_gaps_are_left_out_of_the_fit() -> None:
     assert model.num_fit_steps + model.num_holdout_steps < 1500 * 0.92  # the steps before a 1 s gap dropped
 
 
+def test_stalled_steps_are_time_not_work() -> None:
+    """A step in flight while the process is not run takes the stall's length: fitted as work it lands on that step's
+    features. Here 1% of the steps stall 100 ms (on 5-15 ms steps): the coefficients stay the known ones, and the
+    run's whole busy time is predicted with the stalls' share, whichever steps were held out."""
+    steps = synthetic_steps(2000, noise=0.05, seed=5)
+    stalled = np.random.default_rng(6).random(len(steps)) < 0.01
+    steps["total_s"] = steps["total_s"] + np.where(stalled, 0.100, 0.0)
+    steps["start_time"] = np.concatenate([[0.0], np.cumsum(steps["total_s"])[:-1]])
+    for seed in range(4):
+        model = fit_step_model(steps, seed=seed)
+        assert model is not None
+        for name, value in KNOWN.items():
+            assert getattr(model.total, name) == pytest.approx(value, rel=0.1, abs=1e-7), (seed, name)
+        busy = busy_periods(steps)
+        predicted = sum(model.step_time(StepWork(int(p), int(d), int(c))) for p, d, c in
+                        zip(busy["num_prefill_tokens"], busy["num_decode_tokens"], busy["num_kv_slots_used"],
+                            strict=True))
+        assert predicted == pytest.approx(float(busy["period_s"].sum()), rel=0.02), seed
+        assert model.stall_share == pytest.approx(0.100 * stalled[:-1].sum() / busy["period_s"].sum(), rel=0.1)
+    assert fit_step_model(synthetic_steps(2000, noise=0.05, seed=5)).stall_share < 0.005  # no stalls: none found
+
+
 def test_a_cost_that_is_absent_stays_zero_never_negative() -> None:
     known = {**KNOWN, "context_token_s": 0.0}
     model = fit_step_model(synthetic_steps(1000, noise=0.2, known=known, seed=3))
