@@ -35,6 +35,22 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from ``probs`` (``[V]``, non-negative): the cumulative sum inverted at one uniform draw.
+
+    NOTE: ``torch.multinomial`` on CPU takes about 1.07 ms for a 49,152-token vocabulary (2-core EPYC,
+    2026-12-06), as long as the 135M model's whole one-row decode on its int4 path, and a batch pays it per
+    row; the cumulative sum (float64, so a token's share of the sum keeps its width) and a binary search take
+    0.08 ms. A token of zero probability has no width in the sum and is never drawn.
+    """
+    cdf = probs.double().cumsum(-1)
+    point = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    token = int(torch.searchsorted(cdf, point, right=True))
+    if token >= len(cdf):  # the draw rounded onto the sum's end: the last token that has any probability
+        token = int(torch.nonzero(probs).max())
+    return token
+
+
 @dataclass(slots=True)
 class SamplerOutput:
     """One token per row, and its log-probabilities where the row's request asked for them."""
@@ -69,8 +85,7 @@ class Sampler:
                 continue
             row_logits = apply_min_p(logits[row] / p.temperature, p.min_p)
             row_logits = apply_top_k_top_p(row_logits, p.top_k, p.top_p)
-            probs = row_logits.softmax(-1)
-            tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)))
+            tokens[row] = draw(row_logits.softmax(-1), self._generator(request_id, p))
         return SamplerOutput(tokens, self._logprobs(raw, tokens, params))
 
     def _mask_early_stops(self, logits: torch.Tensor, params: Sequence[SamplingParams],

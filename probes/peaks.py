@@ -100,6 +100,20 @@ def measure_peaks(device: str = "auto", dtype: str = "float32", copy_mib: int | 
                         method=method, flops_by_dtype=flops, bandwidth_by_dtype=bandwidth, num_threads=threads)
 
 
+def measure_copy_bandwidth(num_threads: int, copy_mib: int = 128, repeats: int = 5) -> float:
+    """The CPU's copy bandwidth alone (bytes read + written per second, best of ``repeats``) on ``num_threads``:
+    a fraction of a second, for a measurement taken right beside another one."""
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        return _copy_bandwidth(torch, _Timer(torch, torch.device("cpu"), repeats), torch.device("cpu"), "float32",
+                               copy_mib)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
 class _Timer:
     """Best-of-``repeats`` wall time of a callable, synchronizing a CUDA device around it."""
 

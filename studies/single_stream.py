@@ -11,7 +11,13 @@ Run it under the exclusive lock, e.g.::
 
 ``--profile DIR`` writes a torch-profiler table of a few engine decode steps per engine instead.
 ``--bandwidth`` also measures this machine's copy bandwidth (``probes/peaks.py``) and prints each engine's
-weight bytes read per token over its TPOT as a share of it (the single-stream bandwidth use).
+weight bytes read per token over its TPOT as a share of it (the single-stream bandwidth use): against the best
+copy of the session on all threads (strict), and paired: each run's rate against the copy measured on its
+own threads right before and right after that run, the median over the rounds with their range.
+
+NOTE: on a shared host the copy bandwidth moves from one second to the next (24 to 48 GB/s between two
+copies a second apart, 2-core EPYC, 2026-12-06); a share against a copy from minutes earlier, or against the
+best burst of the session, says as much about the neighbours as about the engine.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from engine import LLMEngine, SamplingParams
 from engine.baselines.hf_model import hf_model_from
 from engine.flags import add_engine_args, engine_config_from_args
 from engine.weights import LoadedModel, load_model
+from probes.peaks import measure_copy_bandwidth
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 
@@ -39,6 +46,7 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived an old fi
 class Timings:
     tpot_s: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    copy_around: list[float] = field(default_factory=list)  # the copy bandwidth right before and after each run
 
 
 class _Stamps:
@@ -136,7 +144,7 @@ def _copy_bandwidths(thread_counts: set[int]) -> dict[int, float]:
 
 
 def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], before: dict[int, float],
-                      threads: dict[str, int], default_threads: int) -> float:
+                      threads: dict[str, int], default_threads: int, timings: dict[str, Timings]) -> float:
     """Print each engine's weight read rate against the copy bandwidth measured before and after the rounds.
 
     The share is taken against the machine's copy bandwidth on all its threads (``default_threads``), the
@@ -161,6 +169,12 @@ def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], befor
         print(f"{name:<48} {nbytes / 1e6:6.1f} MB per token, {rate / 1e9:5.1f} GB/s = {rate / machine:.0%} of the "
               f"machine's copy bandwidth ({machine / 1e9:.1f} GB/s, {default_threads} threads); {rate / own:.0%} of "
               f"the copy on its own {threads[name]} thread(s)")
+        paired = [nbytes / tpot / copy for tpot, copy in zip(timings[name].tpot_s, timings[name].copy_around,
+                                                             strict=True)]
+        report[name].update(of_paired_copy=paired, of_paired_copy_p50=statistics.median(paired))
+        print(f"{'':<48} paired: {statistics.median(paired):.0%} (rounds {min(paired):.0%}-{max(paired):.0%}) of the "
+              f"copy measured on its {threads[name]} thread(s) right before and after each round "
+              f"({min(timings[name].copy_around) / 1e9:.1f}-{max(timings[name].copy_around) / 1e9:.1f} GB/s)")
     return machine
 
 
@@ -214,10 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             gc.collect()
+            before = measure_copy_bandwidth(threads[name]) if args.bandwidth else 0.0
             torch.set_num_threads(threads[name])
             tpot, tokens = run[name](runners[name], prompt_ids, args.max_tokens)
             timings[name].tpot_s.append(tpot)
             timings[name].tokens = tokens
+            if args.bandwidth:
+                timings[name].copy_around.append((before + measure_copy_bandwidth(threads[name])) / 2)
     reference = next((n for n in names if n.startswith("HF generate float32")), names[0])
     ref_tpot = statistics.median(timings[reference].tpot_s)
     report = {}
@@ -231,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<48} {threads[name]:7d} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
     copy_bw = None
     if args.bandwidth:
-        copy_bw = _report_bandwidth(runners, report, copy_before, threads, default_threads)
+        copy_bw = _report_bandwidth(runners, report, copy_before, threads, default_threads, timings)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"reference": reference, "max_tokens": args.max_tokens, "rounds": args.rounds,
