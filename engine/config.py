@@ -5,22 +5,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.model.config import LlamaConfig
+
+if TYPE_CHECKING:
+    import torch
 
 ExecutionMode = Literal["eager", "optimized"]
 AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
 KVLayout = Literal["paged", "contiguous"]
 WeightsForm = Literal["dense", "int8", "int4"]
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+# NOTE: names, not torch dtypes: the command line parses these flags before (or without) importing torch
+_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_KV_CACHE_MB = 256.0
 DEFAULT_CHUNKED_BATCHED_TOKENS = 512
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -46,7 +44,7 @@ class EngineConfig:
 
     model: str = _flag("smollm2-135m", "smollm2-135m (default), dummy:tiny, dummy:smollm2-shape, a .gguf file "
                                        "or an HF directory")
-    dtype: str = _flag("float32", "weights, activations and KV cache", choices=tuple(_DTYPES))
+    dtype: str = _flag("float32", "weights, activations and KV cache", choices=_DTYPES)
     seed: int = _flag(0, "seeds the weights of dummy models and sampling")
     max_num_seqs: int = _flag(16, "most sequences in one batch")
     max_num_batched_tokens: int | None = _flag(None, "token budget of one step (default: 512 with chunked prefill, "
@@ -111,10 +109,14 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)

@@ -11,38 +11,61 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from engine import EngineConfig, LLMEngine, SamplingParams, StepStats
-from engine.baselines import HFContinuousBatchingEngine, NaiveEngine, StaticBatchEngine
-from engine.model.projection import native_bf16_gemm
-from engine.weights import LoadedModel, load_model
 from loadtests.workloads.catalog import WORKLOADS, WorkItem, make_workload
 from reports.whole_table import print_whole
 
+if TYPE_CHECKING:
+    from engine import EngineConfig, StepStats
+    from engine.weights import LoadedModel
+
+# NOTE: the engine (torch) and the HF baselines (transformers) are imported where an engine is built, not
+# here: ``servescope`` imports this module to list its commands, and those imports take seconds.
+
 # Each bench engine: how to build it from the shared config and the weights already in memory.
-EngineFactory = Callable[[EngineConfig, LoadedModel], object]
+EngineFactory = Callable[["EngineConfig", "LoadedModel"], object]
+
+
+def _ours(config: EngineConfig, loaded: LoadedModel, /, **changes: Any) -> object:
+    """The bundled engine with ``changes`` to the shared config (``weights`` among them: positional-only here)."""
+    from engine.llm_engine import LLMEngine
+
+    return LLMEngine(replace(config, **changes), loaded)
+
+
 ENGINES: Mapping[str, EngineFactory] = MappingProxyType({
-    "continuous": lambda c, w: LLMEngine(c, w),
-    "no-batching": lambda c, w: LLMEngine(replace(c, max_num_seqs=1), w),
-    "contiguous": lambda c, w: LLMEngine(replace(c, kv_layout="contiguous"), w),
-    "eager": lambda c, w: LLMEngine(replace(c, execution="eager"), w),
+    "continuous": lambda c, w: _ours(c, w),
+    "no-batching": lambda c, w: _ours(c, w, max_num_seqs=1),
+    "contiguous": lambda c, w: _ours(c, w, kv_layout="contiguous"),
+    "eager": lambda c, w: _ours(c, w, execution="eager"),
     # the optimized path with torch's decode attention (gathered, padded) instead of the CPU's C kernel
-    "torch-attention": lambda c, w: LLMEngine(replace(c, attention_backend="torch"), w),
-    "no-prefix-caching": lambda c, w: LLMEngine(replace(c, enable_prefix_caching=False), w),
+    "torch-attention": lambda c, w: _ours(c, w, attention_backend="torch"),
+    "no-prefix-caching": lambda c, w: _ours(c, w, enable_prefix_caching=False),
     # NOTE: torch's int8/int4 CPU kernels are fast with bfloat16 activations only (docs/engine.md, "Which
     # `--dtype` and `--weights`"), so these use them where the CPU has native bfloat16 GEMMs.
-    "int8": lambda c, w: LLMEngine(replace(c, weights="int8", dtype=_quantized_dtype(c)), w),
-    "int4": lambda c, w: LLMEngine(replace(c, weights="int4", dtype=_quantized_dtype(c)), w),
-    "naive": lambda c, w: NaiveEngine(c, w),
-    "static": lambda c, w: StaticBatchEngine(c, w),
-    "hf-cb": lambda c, w: HFContinuousBatchingEngine(c, w),
+    "int8": lambda c, w: _ours(c, w, weights="int8", dtype=_quantized_dtype(c)),
+    "int4": lambda c, w: _ours(c, w, weights="int4", dtype=_quantized_dtype(c)),
+    "naive": lambda c, w: _baselines().NaiveEngine(c, w),
+    "static": lambda c, w: _baselines().StaticBatchEngine(c, w),
+    "hf-cb": lambda c, w: _baselines().HFContinuousBatchingEngine(c, w),
 })
 # The raw-framework baselines every engine's throughput is divided by, when they ran: HF one request at
 # a time, HF padded static batches, and HF's own continuous batching (its paged-attention manager).
 BASELINES = ("naive", "static", "hf-cb")
 
 
+def _baselines() -> Any:
+    """The HF baselines, imported when one is built: transformers takes seconds to import, and ``servescope``
+    imports this module to list its commands."""
+    import engine.baselines
+
+    return engine.baselines
+
+
 def _quantized_dtype(config: EngineConfig) -> str:
+    from engine.model.projection import native_bf16_gemm
+
     return "bfloat16" if native_bf16_gemm() is not None else config.dtype
 
 
@@ -76,6 +99,8 @@ class _StepRecorder:
 
 def run_closed_loop(name: str, engine, items: list[WorkItem], concurrency: int) -> BenchResult:
     """Keep ``concurrency`` requests in flight until every item is done (like C closed-loop users)."""
+    from engine.sampling_params import SamplingParams
+
     recorder = _StepRecorder()
     engine.add_observer(recorder)
     pending = deque(items)
@@ -113,6 +138,9 @@ def run_bench(config: EngineConfig, engine_names: list[str], workload: str, num_
     NOTE: the warm-up runs the whole workload once per engine, untimed: CPU GEMM libraries build
     kernels per new shape, and without it whichever engine runs first pays for everybody.
     """
+    from engine.model.projection import native_bf16_gemm
+    from engine.weights import load_model
+
     unknown = [n for n in engine_names if n not in ENGINES]
     if unknown:
         raise ValueError(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
