@@ -295,13 +295,17 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
 
 def _stall_share(measured: np.ndarray, modelled: np.ndarray, is_stall: np.ndarray, start: np.ndarray,
                  window: tuple[float, float] | None) -> float:
-    """The stalled steps' excess over the modelled step, as a share of the busy wall time (in ``window`` where it
-    holds steps)."""
-    inside = np.ones(len(start), dtype=bool) if window is None else (start >= window[0]) & (start <= window[1])
-    if not inside.any():
-        inside[:] = True
-    busy = float(measured[inside].sum())
-    return float(np.sum((measured - modelled)[is_stall & inside]) / busy) if busy > 0 else 0.0
+    """The stalled steps' excess over the modelled step, as a share of the busy wall time: in ``window`` where it
+    holds steps, each step counted by the share of its period (``measured``, start to next start) inside it, so
+    a step that started just before the window's end and stalled past it counts only its part inside."""
+    weight = np.ones(len(start))
+    if window is not None:
+        overlap = np.minimum(start + measured, window[1]) - np.maximum(start, window[0])
+        weight = np.clip(overlap / np.maximum(measured, 1e-12), 0.0, 1.0)
+        if not weight.any():
+            weight = np.ones(len(start))
+    busy = float(np.sum(measured * weight))
+    return float(np.sum(((measured - modelled) * weight)[is_stall]) / busy) if busy > 0 else 0.0
 
 
 def _vector(coefficients: Coefficients) -> np.ndarray:
