@@ -58,6 +58,12 @@ def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str
     measured = client[~client["is_warmup"]]
     warmup = float(measured["send_time"].min()) - start if len(measured) else float(config.get("warmup_s", 0.0))
     duration = float(config.get("duration_s", 0.0)) or float(rows["send_time"].max() - start - warmup)
+    if config.get("warmup_s") is not None and config.get("duration_s") and not config.get("stop_rule"):
+        # NOTE: a fixed load sends until its warm-up plus its duration, whenever its first measured request went
+        # out: a closed loop's can come long after the warm-up ended (users in lockstep behind a stalled step),
+        # and a window of the full duration from there runs into the drain, which the replay, still sending,
+        # does not have
+        duration = min(duration, float(config["warmup_s"]) + float(config["duration_s"]) - warmup) or duration
     gap = closed_loop_gap_s(rows, int(users)) if users else client_gap_s(data)
     return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
                                 gap_s=gap)
