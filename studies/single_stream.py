@@ -137,10 +137,7 @@ def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> N
 
 def _copy_bandwidths(thread_counts: set[int]) -> dict[int, float]:
     """This machine's copy bandwidth (bytes read + written per second, ``probes/peaks.py``) per thread count."""
-    from probes.peaks import measure_peaks
-
-    return {t: measure_peaks("cpu", "float32", dtypes=("float32",), num_threads=t).bandwidth_bytes_per_s
-            for t in sorted(thread_counts)}
+    return {t: measure_copy_bandwidth(t) for t in sorted(thread_counts)}
 
 
 def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], before: dict[int, float],

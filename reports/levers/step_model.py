@@ -98,7 +98,7 @@ class StepModel:
     @property
     def stall_factor(self) -> float:
         """Every predicted step is stretched by this: the stalls took the same share of a lever's time."""
-        return 1.0 / (1.0 - min(self.stall_share, 0.9))
+        return stall_stretch(self.stall_share)
 
     def calibrated_forward(self, work: StepWork, path: str | None = None) -> float:
         """The calibrated forward of the step's decoding sequences (at least one row) on ``path``; 0 uncalibrated."""
@@ -255,9 +255,9 @@ def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
 def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibration | None = None,
                    share_window: tuple[float, float] | None = None) -> StepModel | None:
     """Fit on the busy steps of one run (over ``calibration``'s forward when given); None when there are too
-    few to fit and hold some out. The stalls' share of the time (:func:`stalled_steps`) is taken over the steps
-    that started in ``share_window`` (default all): stalls come in bursts, and a share taken over the drain
-    after the load is not the one the load's own window paid."""
+    few to fit and hold some out. The stalls' share of the time (:func:`stalled_steps`) is taken over the part
+    of each step's period inside ``share_window`` (default all): stalls come in bursts, and a share taken over
+    the drain after the load is not the one the load's own window paid."""
     busy = busy_periods(steps)
     if len(busy) < MIN_STEPS:
         return None
@@ -280,8 +280,9 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit])))
     modelled = base + x @ _vector(total)
     burnt = busy["burnt_s"].to_numpy(float)
-    stall_share = _stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float), share_window)
-    predicted = ((modelled + burnt) / (1.0 - min(stall_share, 0.9)) - burnt)[is_holdout]
+    stall_share = max(_stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float),
+                                   share_window), 0.0)
+    predicted = ((modelled + burnt) * stall_stretch(stall_share) - burnt)[is_holdout]
     measured = y[is_holdout]
     positive = measured > 0
     mape = float(np.mean(np.abs(predicted[positive] - measured[positive]) / measured[positive])) if positive.any() \
@@ -290,7 +291,7 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     return StepModel(total=total, forward=forward, num_fit_steps=int(fit.sum()),
                      num_holdout_steps=int(is_holdout.sum()), holdout_mape=mape, holdout_total_error=total_error,
                      mean_step_s=float(y.mean()), host_overhead_s=float(busy["burnt_s"].mean()),
-                     calibration=calibration, load_factor=factor, stall_share=max(stall_share, 0.0))
+                     calibration=calibration, load_factor=factor, stall_share=stall_share)
 
 
 def _stall_share(measured: np.ndarray, modelled: np.ndarray, is_stall: np.ndarray, start: np.ndarray,
@@ -306,6 +307,11 @@ def _stall_share(measured: np.ndarray, modelled: np.ndarray, is_stall: np.ndarra
             weight = np.ones(len(start))
     busy = float(np.sum(measured * weight))
     return float(np.sum(((measured - modelled) * weight)[is_stall]) / busy) if busy > 0 else 0.0
+
+
+def stall_stretch(stall_share: float) -> float:
+    """How much longer a step takes when stalls take ``stall_share`` of the wall time (at most 90% of it)."""
+    return 1.0 / (1.0 - min(stall_share, 0.9))
 
 
 def _vector(coefficients: Coefficients) -> np.ndarray:
