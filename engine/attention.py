@@ -72,32 +72,38 @@ class AttentionMetadata:
     @classmethod
     def build(cls, slot_mapping: list[int], block_tables: list[list[int]], query_lens: list[int],
               seq_lens: list[int], device: torch.device | str = "cpu") -> AttentionMetadata:
+        # NOTE: built every step, so a one-token decode step of a small model pays it per token: each tensor
+        # made from a list costs a few microseconds of Python, so the integers go in as few tensors as can hold
+        # them (one int64, one int32) and the fields are views of those.
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
+        num_seqs, num_slots = len(seq_lens), len(slot_mapping)
         width = max((len(t) for t in block_tables), default=1) or 1
-        table = torch.zeros((len(block_tables), width), dtype=torch.int64)
-        for row, blocks in enumerate(block_tables):
-            table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+        padded = [value for blocks in block_tables for value in (*blocks, *[0] * (width - len(blocks)))]
+        longs = torch.tensor(slot_mapping + seq_lens + padded, dtype=torch.int64).to(device, non_blocking=True)
+        ints = torch.tensor(seq_lens + starts, dtype=torch.int32).to(device, non_blocking=True)
+        table = longs[num_slots + num_seqs:].view(num_seqs, width)
         decode_ids = [i for i, n in enumerate(query_lens) if n == 1]
         prefill_ids = [i for i, n in enumerate(query_lens) if n != 1]
-        device = torch.device(device)
         meta = cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64).to(device, non_blocking=True),
-            block_tables=table.to(device, non_blocking=True),
+            slot_mapping=longs[:num_slots],
+            block_tables=table,
             query_start_loc=starts,
             seq_lens=list(seq_lens),
             decode_ids=decode_ids,
             prefill_ids=prefill_ids,
             max_query_len=max(query_lens, default=0),
+            seq_lens_t=ints[:num_seqs],
+            query_start_loc_t=ints[num_seqs:],
         )
-        meta.seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True)
-        meta.query_start_loc_t = torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True)
-        if decode_ids:
-            index = torch.tensor(decode_ids, dtype=torch.int64)
-            meta.decode_seq_lens = torch.tensor([seq_lens[i] for i in decode_ids],
-                                                dtype=torch.int64).to(device, non_blocking=True)
-            meta.decode_block_tables = table.index_select(0, index).to(device, non_blocking=True)
+        if len(decode_ids) == num_seqs and num_seqs:  # every row decodes, in order: the whole table and lengths
+            meta.decode_seq_lens = longs[num_slots:num_slots + num_seqs]
+            meta.decode_block_tables = table
+        elif decode_ids:
+            index = torch.tensor(decode_ids, dtype=torch.int64, device=longs.device)
+            meta.decode_seq_lens = longs[num_slots:num_slots + num_seqs].index_select(0, index)
+            meta.decode_block_tables = table.index_select(0, index)
         return meta
 
 

@@ -35,20 +35,33 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
+# Tokens per chunk of the two-level draw (:func:`draw`).
+DRAW_CHUNK = 1024
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from ``probs`` (``[V]``, non-negative): the cumulative sum inverted at one uniform draw.
+    """One token from ``probs`` (``[V]``, non-negative): the cumulative sum inverted at one uniform draw, in two
+    levels: the chunks' sums find the chunk of ``DRAW_CHUNK`` tokens the draw falls in, that chunk's own
+    cumulative sum the token. Sums are float64, so a token's share of the total keeps its width.
 
     NOTE: ``torch.multinomial`` on CPU takes about 1.07 ms for a 49,152-token vocabulary (2-core EPYC,
     2026-12-06), as long as the 135M model's whole one-row decode on its int4 path, and a batch pays it per
-    row; the cumulative sum (float64, so a token's share of the sum keeps its width) and a binary search take
-    0.08 ms. A token of zero probability has no width in the sum and is never drawn.
+    row; one cumulative sum over the vocabulary 0.07 ms (a sequential scan); the two levels read the row once
+    in a vectorized sum and scan 48 chunk sums and one chunk. A token of zero probability has no width in
+    either sum and is never drawn.
     """
-    cdf = probs.double().cumsum(-1)
-    point = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
-    token = int(torch.searchsorted(cdf, point, right=True))
-    if token >= len(cdf):  # the draw rounded onto the sum's end: the last token that has any probability
-        token = int(torch.nonzero(probs).max())
-    return token
+    vocab = probs.shape[-1]
+    pad = -vocab % DRAW_CHUNK
+    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(-1, DRAW_CHUNK)
+    chunk_cdf = chunks.sum(-1, dtype=torch.float64).cumsum(-1)
+    point = torch.rand(1, generator=generator, dtype=torch.float64) * chunk_cdf[-1]
+    chunk = min(int(torch.searchsorted(chunk_cdf, point, right=True)), len(chunk_cdf) - 1)
+    inside = point - chunk_cdf[chunk - 1] if chunk else point
+    token = int(torch.searchsorted(chunks[chunk].cumsum(-1, dtype=torch.float64), inside, right=True))
+    if token >= DRAW_CHUNK or chunk * DRAW_CHUNK + token >= vocab:
+        # the draw rounded onto the chunk's end (its sum and its scan round apart): its last token with any probability
+        token = int(torch.nonzero(chunks[chunk]).max())
+    return chunk * DRAW_CHUNK + token
 
 
 @dataclass(slots=True)
@@ -79,7 +92,15 @@ class Sampler:
         """logits ``[B, V]`` (float32) -> one token per row; ``num_output_tokens`` (per row) drives min_tokens."""
         raw = logits
         logits = self._mask_early_stops(logits, params, num_output_tokens)
-        tokens = logits.argmax(dim=-1).tolist()
+        # NOTE: the argmax only where a row is greedy: over a 49,152-token vocabulary it costs a sampled
+        # one-row decode step tens of microseconds for nothing
+        greedy = [row for row, p in enumerate(params) if p.is_greedy]
+        tokens = [0] * len(params)
+        if len(greedy) == len(params):
+            tokens = logits.argmax(dim=-1).tolist()
+        elif greedy:
+            for row, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+                tokens[row] = token
         for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
             if p.is_greedy:
                 continue
