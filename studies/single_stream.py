@@ -13,7 +13,8 @@ Run it under the exclusive lock, e.g.::
 ``--bandwidth`` also measures this machine's copy bandwidth (``probes/peaks.py``) and prints each engine's
 weight bytes read per token over its TPOT as a share of it (the single-stream bandwidth use): against the best
 copy of the session on all threads (strict), and paired: each run's rate against the copy measured on its
-own threads right before and right after that run, the median over the rounds with their range.
+own threads right before and right after that run, the median over the rounds with their range; paired both by
+the run's TPOT (its mean token gap) and by its median token gap, which a stall of the process does not move.
 
 NOTE: on a shared host the copy bandwidth moves from one second to the next (24 to 48 GB/s between two
 copies a second apart, 2-core EPYC, 2026-12-06); a share against a copy from minutes earlier, or against the
@@ -44,7 +45,8 @@ PROMPT = "Once upon a time, in a small village by the sea, there lived an old fi
 
 @dataclass(slots=True)
 class Timings:
-    tpot_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)  # each run's mean gap between output tokens (its TPOT)
+    itl_s: list[float] = field(default_factory=list)  # each run's median gap (its inter-token latency p50)
     tokens: list[int] = field(default_factory=list)
     copy_around: list[float] = field(default_factory=list)  # the copy bandwidth right before and after each run
 
@@ -65,19 +67,20 @@ class _Stamps:
         pass
 
 
-def _tpot(stamps: list[float]) -> float:
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+def _gaps(stamps: list[float]) -> tuple[float, float]:
+    """A run's TPOT (the mean gap between its output tokens) and its median gap (the token a stall did not hold)."""
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
-def hf_run(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int) -> tuple[float, list[int]]:
+def hf_run(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int) -> tuple[tuple[float, float], list[int]]:
     stamps = _Stamps()
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                              do_sample=False, streamer=stamps, pad_token_id=0)
-    return _tpot(stamps.times), out[0, len(prompt_ids):].tolist()
+    return _gaps(stamps.times), out[0, len(prompt_ids):].tolist()
 
 
-def engine_run(engine: LLMEngine, prompt_ids: list[int], max_tokens: int) -> tuple[float, list[int]]:
+def engine_run(engine: LLMEngine, prompt_ids: list[int], max_tokens: int) -> tuple[tuple[float, float], list[int]]:
     engine.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     stamps: list[float] = []
     tokens: list[int] = []
@@ -85,7 +88,7 @@ def engine_run(engine: LLMEngine, prompt_ids: list[int], max_tokens: int) -> tup
         for out in engine.step():
             stamps.append(time.perf_counter())
             tokens = out.token_ids
-    return _tpot(stamps), list(tokens)
+    return _gaps(stamps), list(tokens)
 
 
 def _engine(flags: str, loaded_by_dtype: dict[str, LoadedModel]) -> LLMEngine:
@@ -166,12 +169,14 @@ def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], befor
         print(f"{name:<48} {nbytes / 1e6:6.1f} MB per token, {rate / 1e9:5.1f} GB/s = {rate / machine:.0%} of the "
               f"machine's copy bandwidth ({machine / 1e9:.1f} GB/s, {default_threads} threads); {rate / own:.0%} of "
               f"the copy on its own {threads[name]} thread(s)")
-        paired = [nbytes / tpot / copy for tpot, copy in zip(timings[name].tpot_s, timings[name].copy_around,
-                                                             strict=True)]
-        report[name].update(of_paired_copy=paired, of_paired_copy_p50=statistics.median(paired))
-        print(f"{'':<48} paired: {statistics.median(paired):.0%} (rounds {min(paired):.0%}-{max(paired):.0%}) of the "
-              f"copy measured on its {threads[name]} thread(s) right before and after each round "
-              f"({min(timings[name].copy_around) / 1e9:.1f}-{max(timings[name].copy_around) / 1e9:.1f} GB/s)")
+        copies = timings[name].copy_around
+        for label, key, times in (("TPOT", "of_paired_copy", timings[name].tpot_s),
+                                  ("median token gap", "of_paired_copy_itl", timings[name].itl_s)):
+            paired = [nbytes / t / copy for t, copy in zip(times, copies, strict=True)]
+            report[name].update({key: paired, f"{key}_p50": statistics.median(paired)})
+            print(f"{'':<48} paired, by {label}: {statistics.median(paired):.0%} (rounds {min(paired):.0%}-"
+                  f"{max(paired):.0%}) of the copy measured on its {threads[name]} thread(s) right before and after "
+                  f"each round ({min(copies) / 1e9:.1f}-{max(copies) / 1e9:.1f} GB/s)")
     return machine
 
 
@@ -227,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             before = measure_copy_bandwidth(threads[name]) if args.bandwidth else 0.0
             torch.set_num_threads(threads[name])
-            tpot, tokens = run[name](runners[name], prompt_ids, args.max_tokens)
+            (tpot, itl), tokens = run[name](runners[name], prompt_ids, args.max_tokens)
             timings[name].tpot_s.append(tpot)
+            timings[name].itl_s.append(itl)
             timings[name].tokens = tokens
             if args.bandwidth:
                 timings[name].copy_around.append((before + measure_copy_bandwidth(threads[name])) / 2)
@@ -241,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         tpot = statistics.median(timings[name].tpot_s)
         same = timings[name].tokens == timings[reference].tokens
         report[name] = {"tpot_s": timings[name].tpot_s, "tpot_p50_s": tpot, "ratio": tpot / ref_tpot,
+                        "itl_s": timings[name].itl_s,
                         "same_tokens_as_reference": same, "threads": threads[name]}
         print(f"{name:<48} {threads[name]:7d} {tpot * 1e3:11.1f} {1 / tpot:7.1f} {tpot / ref_tpot:23.2f}x  {same}")
     copy_bw = None
