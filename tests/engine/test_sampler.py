@@ -40,3 +40,16 @@ def test_probabilities_that_do_not_sum_to_one_are_drawn_in_proportion() -> None:
     probs = torch.tensor([3.0, 1.0])  # an unnormalized row: 3 to 1
     share = sum(draw(probs, generator) == 0 for _ in range(8000)) / 8000
     assert abs(share - 0.75) < 0.02  # 4.1 standard deviations
+
+
+def test_a_row_longer_than_a_chunk_draws_across_chunks_in_proportion_and_skips_empty_ones() -> None:
+    # 2,500 tokens: three chunks of the two-level draw, the last one partial; mass in the first and the last only
+    probs = torch.zeros(2500)
+    probs[[3, 1023, 2049, 2499]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    generator = torch.Generator().manual_seed(4)
+    n = 20000
+    counts = torch.bincount(torch.tensor([draw(probs, generator) for _ in range(n)]), minlength=len(probs))
+    assert counts.sum() == counts[[3, 1023, 2049, 2499]].sum() == n
+    expected = probs[probs > 0] * n
+    chi2 = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (counts[probs > 0].tolist(), chi2)  # 3 degrees of freedom, p = 0.001
