@@ -21,14 +21,99 @@
 #include <string.h>
 
 #include "kernels.h"
+#ifdef _OPENMP
+#include <omp.h>
+static inline int team_size(void) { return omp_get_num_threads(); }
+#else
+static inline int team_size(void) { return 1; }
+#endif
 
 #define CHUNK_BLOCKS 4
+/* A batch with at least this many (sequence, head) pairs per thread runs each pair in one pass (see below). */
+#define PAIRS_PER_THREAD 4
 
 static inline float f32_load(float x) { return x; }
 static inline float f32_store(float x) { return x; }
 /* Rounding to the storage type where the torch path stores an intermediate in it (its matmul outputs). */
 static inline float f32_round(float x) { return x; }
 static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+/* q . k and acc += w * v over one head's D values (float32 q and acc; k and v in the storage type). NOTE:
+ * written with AVX-512 where the CPU has it and D is whole vectors: left to the compiler inside the kernel's
+ * loops, the dot products ran as scalar chains, 50 cycles per 64-value dot and weighted add. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
+static inline float dot_f32(const float *q, const float *k, int64_t D) {
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
+        return _mm512_reduce_add_ps(s);
+    }
+#endif
+    float s = 0.0f;
+    for (int64_t d = 0; d < D; d++) s += q[d] * k[d];
+    return s;
+}
+
+static inline float dot_bf16(const float *q, const uint16_t *k, int64_t D) {
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), bf16x16_to_f32(k + d), s);
+        return _mm512_reduce_add_ps(s);
+    }
+#endif
+    float s = 0.0f;
+    for (int64_t d = 0; d < D; d++) s += q[d] * bf16_to_f32(k[d]);
+    return s;
+}
+
+/* acc[0 .. D) += sum over j < n of w[j] * v[j * stride + 0 .. D): one head's weighted values over a block of
+ * tokens. NOTE: the sums stay in registers across the block (NV vectors of 16, a constant per case); added
+ * into acc in memory token by token, each token's add waited on the last one's store (half of the kernel's
+ * time). */
+#if defined(__AVX512F__)
+#define DEFINE_WEIGHTED_ROWS(SUFFIX, T, LOADV)                                                              \
+static inline void weighted_rows_##SUFFIX##_nv(float *acc, const float *w, const T *v, int64_t stride, int64_t n, \
+                                               const int nv) {                                              \
+    __m512 a[8];                                                                                           \
+    for (int i = 0; i < nv; i++) a[i] = _mm512_loadu_ps(acc + 16 * i);                                     \
+    for (int64_t j = 0; j < n; j++) {                                                                      \
+        const __m512 wv = _mm512_set1_ps(w[j]);                                                            \
+        for (int i = 0; i < nv; i++) a[i] = _mm512_fmadd_ps(wv, LOADV(v + j * stride + 16 * i), a[i]);     \
+    }                                                                                                      \
+    for (int i = 0; i < nv; i++) _mm512_storeu_ps(acc + 16 * i, a[i]);                                     \
+}
+DEFINE_WEIGHTED_ROWS(f32, float, _mm512_loadu_ps)
+DEFINE_WEIGHTED_ROWS(bf16, uint16_t, bf16x16_to_f32)
+#endif
+
+#define DEFINE_WEIGHTED_ROWS_ANY(SUFFIX, T, LOAD)                                                           \
+static inline void weighted_rows_##SUFFIX(float *acc, const float *w, const T *v, int64_t stride, int64_t n,  \
+                                          int64_t D) {                                                     \
+    WEIGHTED_ROWS_FAST(SUFFIX)                                                                             \
+    for (int64_t j = 0; j < n; j++)                                                                        \
+        for (int64_t d = 0; d < D; d++) acc[d] += w[j] * LOAD(v[j * stride + d]);                          \
+}
+#if defined(__AVX512F__)
+/* each case inlines its own copy with nv a constant, so the loops over the vectors unroll into registers */
+#define WEIGHTED_ROWS_FAST(SUFFIX)                                                                          \
+    switch (D) {                                                                                           \
+    case 64: weighted_rows_##SUFFIX##_nv(acc, w, v, stride, n, 4); return;                                 \
+    case 128: weighted_rows_##SUFFIX##_nv(acc, w, v, stride, n, 8); return;                                \
+    default: break;                                                                                        \
+    }
+#else
+#define WEIGHTED_ROWS_FAST(SUFFIX)
+#endif
+DEFINE_WEIGHTED_ROWS_ANY(f32, float, f32_load)
+DEFINE_WEIGHTED_ROWS_ANY(bf16, uint16_t, bf16_to_f32)
 
 /* How much scratch a batch needs: the longest context and the number of (sequence, chunk) work items. */
 void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *max_len, int64_t *num_items) {
@@ -52,6 +137,35 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
                                 int64_t num_items, float *scores, int64_t max_len, float *partial) {         \
     const int64_t G = H / KVH, row = KVH * D, block_stride = bs * KVH * D, chunk = CHUNK_BLOCKS * bs;      \
     const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
+    if (B * H >= PAIRS_PER_THREAD * team_size()) {                                                         \
+        /* Enough (sequence, head) pairs for every thread: each pair whole on one thread, in one pass.       \
+         * NOTE: a one-sequence decode step of a small model has 9 heads over a short context; split into    \
+         * the passes below, each pass read what another thread wrote in the one before, and moving those    \
+         * cache lines between the cores cost more than the arithmetic (2 threads slower than 1). */         \
+        _Pragma("omp for schedule(static)")                                                                \
+        for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
+            const int64_t b = bh / H, h = bh % H, len = seq_lens[b];                                       \
+            float qh[D], acc[D];                                                                           \
+            for (int64_t d = 0; d < D; d++) { qh[d] = LOAD(q[bh * D + d]); acc[d] = 0.0f; }                \
+            float *sh = scores + bh * max_len, m = -INFINITY, sum = 0.0f;                                  \
+            for (int64_t t = 0; t < len; t += bs) {                                                        \
+                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
+                const int64_t n = len - t < bs ? len - t : bs;                                             \
+                for (int64_t j = 0; j < n; j++) {                                                          \
+                    sh[t + j] = ROUND(dot_##SUFFIX(qh, k + j * row, D)) * scale;                           \
+                    m = sh[t + j] > m ? sh[t + j] : m;                                                     \
+                }                                                                                          \
+            }                                                                                              \
+            for (int64_t t = 0; t < len; t++) { sh[t] = exp_f32(sh[t] - m); sum += sh[t]; }                \
+            for (int64_t t = 0; t < len; t++) sh[t] = ROUND(sh[t] / sum);                                  \
+            for (int64_t t = 0; t < len; t += bs) {                                                        \
+                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
+                weighted_rows_##SUFFIX(acc, sh + t, v, row, len - t < bs ? len - t : bs, D);               \
+            }                                                                                              \
+            for (int64_t d = 0; d < D; d++) out[bh * D + d] = STORE(acc[d]);                               \
+        }                                                                                                  \
+        return;                                                                                            \
+    }                                                                                                      \
     /* item i is (sequence items[2i], chunk items[2i + 1]): that sequence's tokens [chunk * c, chunk * (c + 1)) */ \
     _Pragma("omp single")                                                                                  \
     {                                                                                                      \
@@ -60,21 +174,21 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
             for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; } \
     }                                                                                                      \
     {                                                                                                      \
-        float qf[H * D];                                                                                   \
+        /* NOTE: a unit of work is one head of one chunk: one sequence decoding a short context is one chunk, \
+         * and as whole chunks its attention ran on one thread while the others waited */                 \
         _Pragma("omp for schedule(dynamic, 1)")                                                            \
-        for (int64_t i = 0; i < num_items; i++) {                                                          \
-            const int64_t b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];                       \
+        for (int64_t u = 0; u < num_items * H; u++) {                                                      \
+            const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b]; \
             const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
-            for (int64_t j = 0; j < H * D; j++) qf[j] = LOAD(q[b * H * D + j]);                            \
-            float *sb = scores + b * H * max_len;                                                          \
-            for (int64_t t = t0; t < t1; t++) {                                                            \
-                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (t % bs) * row;       \
-                for (int64_t h = 0; h < H; h++) {                                                          \
-                    const float *qh = qf + h * D;                                                          \
-                    const T *kh = k + (h / G) * D;                                                         \
-                    float s = 0.0f;                                                                        \
-                    for (int64_t d = 0; d < D; d++) s += qh[d] * LOAD(kh[d]);                              \
-                    sb[h * max_len + t] = ROUND(s) * scale;                                                \
+            float qh[D];                                                                                   \
+            for (int64_t d = 0; d < D; d++) qh[d] = LOAD(q[(b * H + h) * D + d]);                          \
+            float *sh = scores + (b * H + h) * max_len;                                                    \
+            for (int64_t t = t0; t < t1; t += bs) { /* a chunk is whole blocks: t0 starts one */           \
+                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
+                const int64_t n = t1 - t < bs ? t1 - t : bs;                                               \
+                for (int64_t j = 0; j < n; j++) {                                                          \
+                    const T *kh = k + j * row;                                                             \
+                    sh[t + j] = ROUND(dot_##SUFFIX(qh, kh, D)) * scale;                                    \
                 }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
@@ -87,20 +201,16 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
             for (int64_t t = 0; t < len; t++) s[t] = ROUND(s[t] / sum);                                    \
         }                                                                                                  \
         _Pragma("omp for schedule(dynamic, 1)")                                                            \
-        for (int64_t i = 0; i < num_items; i++) {                                                          \
-            const int64_t b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];                       \
+        for (int64_t u = 0; u < num_items * H; u++) {                                                      \
+            const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b]; \
             const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
-            float *acc = partial + (b * max_chunks + c) * H * D;                                           \
-            const float *sb = scores + b * H * max_len;                                                    \
-            memset(acc, 0, sizeof(float) * (size_t)(H * D));                                               \
-            for (int64_t t = t0; t < t1; t++) {                                                            \
-                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (t % bs) * row;       \
-                for (int64_t h = 0; h < H; h++) {                                                          \
-                    const float w = sb[h * max_len + t];                                                   \
-                    const T *vh = v + (h / G) * D;                                                         \
-                    float *ah = acc + h * D;                                                               \
-                    for (int64_t d = 0; d < D; d++) ah[d] += w * LOAD(vh[d]);                              \
-                }                                                                                          \
+            float *acc = partial + ((b * max_chunks + c) * H + h) * D;                                     \
+            const float *sh = scores + (b * H + h) * max_len;                                              \
+            memset(acc, 0, sizeof(float) * (size_t)D);                                                     \
+            for (int64_t t = t0; t < t1; t += bs) {                                                        \
+                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
+                const int64_t n = t1 - t < bs ? t1 - t : bs;                                               \
+                weighted_rows_##SUFFIX(acc, sh + t, v, row, n, D);                                         \
             }                                                                                              \
         }                                                                                                  \
         _Pragma("omp for schedule(static)")                                                                \

@@ -41,10 +41,22 @@ def _paged_batch(lens: list[int], query_lens: list[int], dtype: torch.dtype, num
 @needs_kernels
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("lens", [[1], [5, 300, 17], [16, 32, 33, 900, 120, 7, 64, 250]])
-def test_decode_kernel_matches_the_torch_path(dtype_name: str, lens: list[int]) -> None:
+@pytest.mark.parametrize("heads", [(9, 3, 64), (2, 1, 64), (4, 2, 128), (3, 1, 24)],
+                         ids=["9-over-3", "2-over-1", "4-over-2-d128", "3-over-1-d24"])
+def test_decode_kernel_matches_the_torch_path(dtype_name: str, lens: list[int], heads: tuple[int, int, int]) -> None:
+    """On 2 threads a batch of 8 or more (sequence, head) pairs runs each pair in one pass, a smaller one in the
+    chunked passes: 9 heads take the first way at every batch here, 2 heads the second until 8 sequences. Head
+    sizes of 64 and 128 take the vector code where the CPU has it, 24 the plain loops."""
     dtype = getattr(torch, dtype_name)
-    query, k_cache, v_cache, meta = _paged_batch(lens, [1] * len(lens), dtype)
-    got = KERNELS.paged_decode(query, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, 0.125)
+    num_heads, num_kv_heads, head_dim = heads
+    query, k_cache, v_cache, meta = _paged_batch(lens, [1] * len(lens), dtype, num_heads=num_heads,
+                                                 num_kv_heads=num_kv_heads, head_dim=head_dim)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = KERNELS.paged_decode(query, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, 0.125)
+    finally:
+        torch.set_num_threads(threads)
     torch_path = paged_attention(query, k_cache, v_cache, meta, 0.125)
     exact = paged_attention(query.double(), k_cache.double(), v_cache.double(), meta, 0.125)
     assert got.dtype == dtype and got.shape == query.shape
