@@ -232,9 +232,9 @@ def predict_levers(data: RunDataset, offer_load: bool = False) -> Predictions:
         return Predictions(unknown="the run has no engine steps to fit a step-time model on (an external server)")
     calibration = RunDirectory(data.path).load(CALIBRATION_NAME, StepCalibration)
     inputs = replay_inputs(data)
-    # the stalls' share is taken where the throughput the replay is checked against was counted
+    # fitted where the throughput the replay is checked against, and the gains are scaled from, was counted
     window = None if isinstance(inputs, str) else load_window(data, inputs[1])
-    model = fit_step_model(data.steps_in_window(), calibration=calibration, share_window=window)
+    model = fit_step_model(data.steps_in_window(), calibration=calibration, window=window)
     if model is None:
         return Predictions(unknown="too few busy engine steps to fit a step-time model")
     if isinstance(inputs, str):

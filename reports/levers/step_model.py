@@ -25,8 +25,10 @@ and the linear terms carry everything; in a run whose batch never changed size t
 cost then cannot be told from the per-step cost, and the fit, preferring fewer terms, predicts a
 bigger batch to cost what this one did.
 
-The coefficients are fitted by non-negative least squares (a cost cannot be negative), on a random
-80% of the steps; the error is measured on the other 20%. ``forward`` is the same model fitted on
+The coefficients and the load factor are fitted on the busy steps while the load was sending (the window
+the run's throughput is counted over, which the replay is checked against and the levers' gains are scaled
+from), by non-negative least squares (a cost cannot be negative), on a random 80% of the steps; the error is
+measured on the other 20%. ``forward`` is the same model fitted on
 the model forward alone; the execution lever uses it for the prompt rows of a step.
 """
 
@@ -47,6 +49,9 @@ HOLDOUT_SHARE = 0.2
 # A step whose period is longer than this many times its own phases was followed by an idle gap.
 IDLE_GAP_FACTOR = 3.0
 MIN_STEPS = 8
+# Fewer busy steps than this while the load was sending (a short load of long prompt steps): the fit takes every
+# measured step instead, a longer period but not four coefficients fitted on a few dozen steps.
+MIN_WINDOW_STEPS = 50
 # A step this many robust standard deviations slower than the fit predicts was stalled (see :func:`fit_step_model`).
 STALL_SIGMAS = 5.0
 
@@ -253,12 +258,22 @@ def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibration | None = None,
-                   share_window: tuple[float, float] | None = None) -> StepModel | None:
-    """Fit on the busy steps of one run (over ``calibration``'s forward when given); None when there are too
-    few to fit and hold some out. The stalls' share of the time (:func:`stalled_steps`) is taken over the part
-    of each step's period inside ``share_window`` (default all): stalls come in bursts, and a share taken over
-    the drain after the load is not the one the load's own window paid."""
+                   window: tuple[float, float] | None = None) -> StepModel | None:
+    """Fit on the busy steps of one run (over ``calibration``'s forward when given) that started inside ``window``
+    (the load's sending window; every step when it is None or holds fewer than ``MIN_WINDOW_STEPS``); None when
+    there are too few to fit and hold some out. The stalls' share of the time (:func:`stalled_steps`) is taken
+    over the part of each step's period inside ``window``.
+
+    NOTE: a queued closed loop's measured requests run long past the load into the drain (0-40 s against a
+    20 s load), and on a shared machine the engine's speed drifts between such periods (its decode forward
+    1.6 times slower in one 5-second slice than the next): steps fitted over the drain describe another machine
+    than the one whose throughput the replay is checked against and the levers' gains are scaled from. Stalls
+    come in bursts likewise."""
     busy = busy_periods(steps)
+    if window is not None:
+        inside = busy[(busy["start_time"] >= window[0]) & (busy["start_time"] < window[1])]
+        if len(inside) >= MIN_WINDOW_STEPS:
+            busy = inside.reset_index(drop=True)
     if len(busy) < MIN_STEPS:
         return None
     rng = np.random.default_rng(seed)
@@ -281,7 +296,7 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
     modelled = base + x @ _vector(total)
     burnt = busy["burnt_s"].to_numpy(float)
     stall_share = max(_stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float),
-                                   share_window), 0.0)
+                                   window), 0.0)
     predicted = ((modelled + burnt) * stall_stretch(stall_share) - burnt)[is_holdout]
     measured = y[is_holdout]
     positive = measured > 0

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from probes.step_calibration import StepCalibration
-from reports.levers.step_model import StepWork, busy_periods, fit_step_model, nnls
+from reports.levers.step_model import MIN_WINDOW_STEPS, StepWork, busy_periods, fit_step_model, nnls
 
 KNOWN = {"overhead_s": 0.004, "prefill_token_s": 60e-6, "decode_seq_s": 300e-6, "context_token_s": 2e-6}
 
@@ -66,6 +66,24 @@ def test_stalled_steps_are_time_not_work() -> None:
         assert predicted == pytest.approx(float(busy["period_s"].sum()), rel=0.02), seed
         assert model.stall_share == pytest.approx(0.100 * stalled[:-1].sum() / busy["period_s"].sum(), rel=0.1)
     assert fit_step_model(synthetic_steps(2000, noise=0.05, seed=5)).stall_share < 0.005  # no stalls: none found
+
+
+def test_the_fit_describes_the_load_window_not_the_drain_after_it() -> None:
+    """A queued closed loop's measured steps run on past the load into the drain, where the shared machine ran the
+    engine 1.6 times slower: the steps while the load was sending give their own costs back, and a window too
+    short to fit on falls back to every step."""
+    steps = synthetic_steps(1200, noise=0.05, seed=7)
+    drain = np.arange(len(steps)) >= 600
+    steps["total_s"] = steps["total_s"] * np.where(drain, 1.6, 1.0)
+    steps["start_time"] = np.concatenate([[0.0], np.cumsum(steps["total_s"])[:-1]])
+    load_end = float(steps["start_time"][600])
+    model = fit_step_model(steps, window=(0.0, load_end))
+    assert model is not None
+    for name in ("overhead_s", "prefill_token_s", "decode_seq_s"):
+        assert getattr(model.total, name) == pytest.approx(KNOWN[name], rel=0.1), name
+    assert model.num_fit_steps + model.num_holdout_steps <= 600  # stalls found are not fitted
+    short = fit_step_model(steps, window=(0.0, float(steps["start_time"][MIN_WINDOW_STEPS - 1])))
+    assert short is not None and short.num_fit_steps + short.num_holdout_steps > 600
 
 
 def test_a_cost_that_is_absent_stays_zero_never_negative() -> None:
