@@ -52,10 +52,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """
     vocab = probs.shape[-1]
     pad = -vocab % DRAW_CHUNK
-    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(-1, DRAW_CHUNK)
-    chunk_cdf = chunks.sum(-1, dtype=torch.float64).cumsum(-1)
+    chunks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).reshape(-1, DRAW_CHUNK)
+    chunk_sums = chunks.sum(-1, dtype=torch.float64)
+    chunk_cdf = chunk_sums.cumsum(-1)
     point = torch.rand(1, generator=generator, dtype=torch.float64) * chunk_cdf[-1]
-    chunk = min(int(torch.searchsorted(chunk_cdf, point, right=True)), len(chunk_cdf) - 1)
+    chunk = int(torch.searchsorted(chunk_cdf, point, right=True))
+    if chunk >= len(chunk_cdf):  # the draw rounded onto the total: the last chunk with any probability
+        chunk = int(torch.nonzero(chunk_sums).max())
     inside = point - chunk_cdf[chunk - 1] if chunk else point
     token = int(torch.searchsorted(chunks[chunk].cumsum(-1, dtype=torch.float64), inside, right=True))
     if token >= DRAW_CHUNK or chunk * DRAW_CHUNK + token >= vocab:

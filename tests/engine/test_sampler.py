@@ -53,3 +53,10 @@ def test_a_row_longer_than_a_chunk_draws_across_chunks_in_proportion_and_skips_e
     expected = probs[probs > 0] * n
     chi2 = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, (counts[probs > 0].tolist(), chi2)  # 3 degrees of freedom, p = 0.001
+
+
+def test_a_draw_that_rounds_onto_the_total_lands_on_the_last_token_with_probability(monkeypatch) -> None:
+    probs = torch.zeros(1025)  # two chunks, the second (one real token and the padding) without mass
+    probs[3], probs[700] = 0.5, 0.5
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones(1, dtype=torch.float64))  # u = 1
+    assert draw(probs, torch.Generator()) == 700
