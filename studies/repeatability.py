@@ -103,8 +103,10 @@ def spread(results: list[RunResult]) -> dict[str, Any]:
 def _spread_line(s: dict[str, Any]) -> str:
     """The capacity and throughput spread in words; runs that named no capacity are counted, not averaged in."""
     unnamed = sum(c is None for c in s["capacities"])
-    if unnamed == s["num_runs"]:
-        return f"no run named a capacity ({unnamed} of {s['num_runs']}): nothing to compare"
+    if unnamed >= s["num_runs"] - 1:
+        named = s["num_runs"] - unnamed
+        return (f"{named} of {s['num_runs']} runs named a capacity ({s['capacities']} users): nothing to compare "
+                f"a spread with")
     line = (f"capacity {s['capacities']} users, {s['capacity_steps_apart']} search steps apart; throughput at "
             f"capacity max/min {s['output_tokens_per_s_max_over_min']:.3f}, within "
             f"±{s['output_tokens_per_s_within']:.1%} of the mean")

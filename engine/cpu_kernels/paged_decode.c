@@ -48,31 +48,25 @@ static inline __m512 bf16x16_to_f32(const uint16_t *p) {
 }
 #endif
 
-static inline float dot_f32(const float *q, const float *k, int64_t D) {
 #if defined(__AVX512F__)
-    if (D % 16 == 0) {
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
-        return _mm512_reduce_add_ps(s);
+#define DOT_FAST(LOADV)                                                                                     \
+    if (D % 16 == 0) {                                                                                     \
+        __m512 s = _mm512_setzero_ps();                                                                    \
+        for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOADV(k + d), s);  \
+        return _mm512_reduce_add_ps(s);                                                                    \
     }
+#else
+#define DOT_FAST(LOADV)
 #endif
-    float s = 0.0f;
-    for (int64_t d = 0; d < D; d++) s += q[d] * k[d];
-    return s;
+#define DEFINE_DOT(SUFFIX, T, LOAD, LOADV)                                                                  \
+static inline float dot_##SUFFIX(const float *q, const T *k, int64_t D) {                                  \
+    DOT_FAST(LOADV)                                                                                        \
+    float s = 0.0f;                                                                                        \
+    for (int64_t d = 0; d < D; d++) s += q[d] * LOAD(k[d]);                                                \
+    return s;                                                                                              \
 }
-
-static inline float dot_bf16(const float *q, const uint16_t *k, int64_t D) {
-#if defined(__AVX512F__)
-    if (D % 16 == 0) {
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), bf16x16_to_f32(k + d), s);
-        return _mm512_reduce_add_ps(s);
-    }
-#endif
-    float s = 0.0f;
-    for (int64_t d = 0; d < D; d++) s += q[d] * bf16_to_f32(k[d]);
-    return s;
-}
+DEFINE_DOT(f32, float, f32_load, _mm512_loadu_ps)
+DEFINE_DOT(bf16, uint16_t, bf16_to_f32, bf16x16_to_f32)
 
 /* acc[0 .. D) += sum over j < n of w[j] * v[j * stride + 0 .. D): one head's weighted values over a block of
  * tokens. NOTE: the sums stay in registers across the block (NV vectors of 16, a constant per case); added
