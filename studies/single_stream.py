@@ -69,7 +69,8 @@ class _Stamps:
 
 def _gaps(stamps: list[float]) -> tuple[float, float]:
     """A run's TPOT (the mean gap between its output tokens) and its median gap (the token a stall did not hold)."""
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), statistics.median(gaps)
 
 
 def hf_run(model: torch.nn.Module, prompt_ids: list[int], max_tokens: int) -> tuple[tuple[float, float], list[int]]:
