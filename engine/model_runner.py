@@ -36,7 +36,6 @@ class ModelInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [S] rows of the flat batch whose logits are sampled
     sampled_request_ids: list[RequestId]
-    samples_every_row: bool = False  # logits_indices is every row in order (a decode-only step): no gather needed
 
 
 @dataclass(slots=True)
@@ -237,7 +236,6 @@ class ModelRunner:
             meta=meta,
             logits_indices=longs[2 * num_tokens:],
             sampled_request_ids=sampled_ids,
-            samples_every_row=len(logits_indices) == num_tokens,
         )
 
     @torch.inference_mode()
@@ -252,7 +250,9 @@ class ModelRunner:
             hidden = self.fused_decode.run(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        sampled_rows = hidden if inputs.samples_every_row else hidden.index_select(0, inputs.logits_indices)
+        # NOTE: as many sampled rows as rows means every row, in order (each sequence's last row is sampled)
+        every_row = inputs.logits_indices.shape[0] == inputs.input_ids.shape[0]
+        sampled_rows = hidden if every_row else hidden.index_select(0, inputs.logits_indices)
         logits = self.model.compute_logits(sampled_rows).cpu()
         # NOTE: .cpu() waits for the device, so forward_s covers the kernels, not just their launch.
         t2 = time.perf_counter()
