@@ -120,105 +120,104 @@ void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *
     }
 }
 
+/* One head over tokens [t0, t1) of one sequence (t0 starts a block; `table` is that sequence's block table, kc
+ * and vc already offset to the head's KV head): its scaled scores into s, and its weighted values (the weights
+ * in s) added into acc; and the softmax in place over a row of scores, its weights rounded as the torch path
+ * stores them. Both ways of the kernel below are made of these. */
+#define DEFINE_SPANS(SUFFIX, T, ROUND)                                                                     \
+static inline void scores_span_##SUFFIX(const float *qh, const T *kc, const int64_t *table, int64_t t0,    \
+                                        int64_t t1, int64_t bs, int64_t block_stride, int64_t row, int64_t D,\
+                                        float scale, float *s) {                                           \
+    for (int64_t t = t0; t < t1; t += bs) {                                                                \
+        const T *k = kc + table[t / bs] * block_stride;                                                    \
+        const int64_t n = t1 - t < bs ? t1 - t : bs;                                                       \
+        for (int64_t j = 0; j < n; j++) s[t + j] = ROUND(dot_##SUFFIX(qh, k + j * row, D)) * scale;        \
+    }                                                                                                      \
+}                                                                                                          \
+static inline void values_span_##SUFFIX(float *acc, const float *s, const T *vc, const int64_t *table,     \
+                                        int64_t t0, int64_t t1, int64_t bs, int64_t block_stride, int64_t row,\
+                                        int64_t D) {                                                       \
+    for (int64_t t = t0; t < t1; t += bs)                                                                  \
+        weighted_rows_##SUFFIX(acc, s + t, vc + table[t / bs] * block_stride, row, t1 - t < bs ? t1 - t : bs, D);\
+}                                                                                                          \
+static inline void softmax_##SUFFIX(float *s, int64_t len) {                                               \
+    float m = s[0], sum = 0.0f;                                                                            \
+    for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                             \
+    for (int64_t t = 0; t < len; t++) { s[t] = exp_f32(s[t] - m); sum += s[t]; }                           \
+    for (int64_t t = 0; t < len; t++) s[t] = ROUND(s[t] / sum);                                            \
+}
+DEFINE_SPANS(f32, float, f32_round)
+DEFINE_SPANS(bf16, uint16_t, bf16_round)
+
 /* paged_decode_team_*: the four passes, for a thread team already running (orphaned omp for: every thread
  * of the enclosing parallel region calls it). Scratch from the caller: items [2 * num_items] int64,
  * scores [B * H * max_len] and partial [B * max_chunks * H * D] float32 (see paged_decode_plan).
  * paged_decode_*: the same on its own team, with its own scratch. */
-#define DEFINE_KERNEL(SUFFIX, T, LOAD, STORE, ROUND)                                                        \
+#define DEFINE_KERNEL(SUFFIX, T, LOAD, STORE, ROUND)                                                       \
 void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables,               \
-                                int64_t table_stride, const int64_t *seq_lens, T *out, int64_t B, int64_t H, \
+                                int64_t table_stride, const int64_t *seq_lens, T *out, int64_t B, int64_t H,\
                                 int64_t KVH, int64_t D, int64_t bs, float scale, int64_t *items,           \
-                                int64_t num_items, float *scores, int64_t max_len, float *partial) {         \
+                                int64_t num_items, float *scores, int64_t max_len, float *partial) {       \
     const int64_t G = H / KVH, row = KVH * D, block_stride = bs * KVH * D, chunk = CHUNK_BLOCKS * bs;      \
     const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
     if (B * H >= PAIRS_PER_THREAD * team_size()) {                                                         \
-        /* Enough (sequence, head) pairs for every thread: each pair whole on one thread, in one pass.       \
-         * NOTE: a one-sequence decode step of a small model has 9 heads over a short context; split into    \
-         * the passes below, each pass read what another thread wrote in the one before, and moving those    \
-         * cache lines between the cores cost more than the arithmetic (2 threads slower than 1). */         \
+        /* Enough (sequence, head) pairs for every thread: each pair whole on one thread, in one pass.     \
+         * NOTE: a one-sequence decode step of a small model has 9 heads over a short context; split into  \
+         * the passes below, each pass read what another thread wrote in the one before, and moving those  \
+         * cache lines between the cores cost more than the arithmetic (2 threads slower than 1). */       \
         _Pragma("omp for schedule(static)")                                                                \
         for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
-            const int64_t b = bh / H, h = bh % H, len = seq_lens[b];                                       \
+            const int64_t b = bh / H, len = seq_lens[b], kv = (bh % H / G) * D;                            \
             float qh[D], acc[D];                                                                           \
             for (int64_t d = 0; d < D; d++) { qh[d] = LOAD(q[bh * D + d]); acc[d] = 0.0f; }                \
-            float *sh = scores + bh * max_len, m = -INFINITY, sum = 0.0f;                                  \
-            for (int64_t t = 0; t < len; t += bs) {                                                        \
-                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
-                const int64_t n = len - t < bs ? len - t : bs;                                             \
-                for (int64_t j = 0; j < n; j++) {                                                          \
-                    sh[t + j] = ROUND(dot_##SUFFIX(qh, k + j * row, D)) * scale;                           \
-                    m = sh[t + j] > m ? sh[t + j] : m;                                                     \
-                }                                                                                          \
-            }                                                                                              \
-            for (int64_t t = 0; t < len; t++) { sh[t] = exp_f32(sh[t] - m); sum += sh[t]; }                \
-            for (int64_t t = 0; t < len; t++) sh[t] = ROUND(sh[t] / sum);                                  \
-            for (int64_t t = 0; t < len; t += bs) {                                                        \
-                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
-                weighted_rows_##SUFFIX(acc, sh + t, v, row, len - t < bs ? len - t : bs, D);               \
-            }                                                                                              \
+            float *sh = scores + bh * max_len;                                                             \
+            scores_span_##SUFFIX(qh, kc + kv, tables + b * table_stride, 0, len, bs, block_stride, row, D, scale,\
+                                 sh);                                                                      \
+            softmax_##SUFFIX(sh, len);                                                                     \
+            values_span_##SUFFIX(acc, sh, vc + kv, tables + b * table_stride, 0, len, bs, block_stride, row, D);\
             for (int64_t d = 0; d < D; d++) out[bh * D + d] = STORE(acc[d]);                               \
         }                                                                                                  \
         return;                                                                                            \
     }                                                                                                      \
-    /* item i is (sequence items[2i], chunk items[2i + 1]): that sequence's tokens [chunk * c, chunk * (c + 1)) */ \
+    /* item i is (sequence items[2i], chunk items[2i + 1]): that sequence's tokens [chunk * c, chunk * (c + 1)) */\
     _Pragma("omp single")                                                                                  \
     {                                                                                                      \
         int64_t n = 0;                                                                                     \
         for (int64_t b = 0; b < B; b++)                                                                    \
-            for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; } \
+            for (int64_t c = 0; c * chunk < seq_lens[b]; c++) { items[2 * n] = b; items[2 * n + 1] = c; n++; }\
     }                                                                                                      \
-    {                                                                                                      \
-        /* NOTE: a unit of work is one head of one chunk: one sequence decoding a short context is one chunk, \
-         * and as whole chunks its attention ran on one thread while the others waited */                 \
-        _Pragma("omp for schedule(dynamic, 1)")                                                            \
-        for (int64_t u = 0; u < num_items * H; u++) {                                                      \
-            const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b]; \
-            const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
-            float qh[D];                                                                                   \
-            for (int64_t d = 0; d < D; d++) qh[d] = LOAD(q[(b * H + h) * D + d]);                          \
-            float *sh = scores + (b * H + h) * max_len;                                                    \
-            for (int64_t t = t0; t < t1; t += bs) { /* a chunk is whole blocks: t0 starts one */           \
-                const T *k = kc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
-                const int64_t n = t1 - t < bs ? t1 - t : bs;                                               \
-                for (int64_t j = 0; j < n; j++) {                                                          \
-                    const T *kh = k + j * row;                                                             \
-                    sh[t + j] = ROUND(dot_##SUFFIX(qh, kh, D)) * scale;                                    \
-                }                                                                                          \
-            }                                                                                              \
-        }                                                                                                  \
-        _Pragma("omp for schedule(static)")                                                                \
-        for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
-            const int64_t len = seq_lens[bh / H];                                                          \
-            float *s = scores + bh * max_len, m = s[0], sum = 0.0f;                                        \
-            for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                      \
-            for (int64_t t = 0; t < len; t++) { s[t] = exp_f32(s[t] - m); sum += s[t]; }                       \
-            for (int64_t t = 0; t < len; t++) s[t] = ROUND(s[t] / sum);                                    \
-        }                                                                                                  \
-        _Pragma("omp for schedule(dynamic, 1)")                                                            \
-        for (int64_t u = 0; u < num_items * H; u++) {                                                      \
-            const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b]; \
-            const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                        \
-            float *acc = partial + ((b * max_chunks + c) * H + h) * D;                                     \
-            const float *sh = scores + (b * H + h) * max_len;                                              \
-            memset(acc, 0, sizeof(float) * (size_t)D);                                                     \
-            for (int64_t t = t0; t < t1; t += bs) {                                                        \
-                const T *v = vc + tables[b * table_stride + t / bs] * block_stride + (h / G) * D;          \
-                const int64_t n = t1 - t < bs ? t1 - t : bs;                                               \
-                weighted_rows_##SUFFIX(acc, sh + t, v, row, n, D);                                         \
-            }                                                                                              \
-        }                                                                                                  \
-        _Pragma("omp for schedule(static)")                                                                \
-        for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
-            const int64_t b = bh / H, h = bh % H, chunks = (seq_lens[b] + chunk - 1) / chunk;              \
-            for (int64_t d = 0; d < D; d++) {                                                              \
-                float s = 0.0f;                                                                            \
-                for (int64_t c = 0; c < chunks; c++) s += partial[((b * max_chunks + c) * H + h) * D + d]; \
-                out[bh * D + d] = STORE(s);                                                                \
-            }                                                                                              \
+    /* NOTE: a unit of work is one head of one chunk: one sequence decoding a short context is one chunk,  \
+     * and as whole chunks its attention ran on one thread while the others waited */                      \
+    _Pragma("omp for schedule(dynamic, 1)")                                                                \
+    for (int64_t u = 0; u < num_items * H; u++) {                                                          \
+        const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];     \
+        const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                            \
+        float qh[D];                                                                                       \
+        for (int64_t d = 0; d < D; d++) qh[d] = LOAD(q[(b * H + h) * D + d]);                              \
+        scores_span_##SUFFIX(qh, kc + (h / G) * D, tables + b * table_stride, t0, t1, bs, block_stride, row, D,\
+                             scale, scores + (b * H + h) * max_len);                                       \
+    }                                                                                                      \
+    _Pragma("omp for schedule(static)")                                                                    \
+    for (int64_t bh = 0; bh < B * H; bh++) softmax_##SUFFIX(scores + bh * max_len, seq_lens[bh / H]);      \
+    _Pragma("omp for schedule(dynamic, 1)")                                                                \
+    for (int64_t u = 0; u < num_items * H; u++) {                                                          \
+        const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];     \
+        const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                            \
+        float *acc = partial + ((b * max_chunks + c) * H + h) * D;                                         \
+        memset(acc, 0, sizeof(float) * (size_t)D);                                                         \
+        values_span_##SUFFIX(acc, scores + (b * H + h) * max_len, vc + (h / G) * D, tables + b * table_stride, t0,\
+                             t1, bs, block_stride, row, D);                                                \
+    }                                                                                                      \
+    _Pragma("omp for schedule(static)")                                                                    \
+    for (int64_t bh = 0; bh < B * H; bh++) {                                                               \
+        const int64_t b = bh / H, h = bh % H, chunks = (seq_lens[b] + chunk - 1) / chunk;                  \
+        for (int64_t d = 0; d < D; d++) {                                                                  \
+            float s = 0.0f;                                                                                \
+            for (int64_t c = 0; c < chunks; c++) s += partial[((b * max_chunks + c) * H + h) * D + d];     \
+            out[bh * D + d] = STORE(s);                                                                    \
         }                                                                                                  \
     }                                                                                                      \
 }                                                                                                          \
-                                                                                                           \
 int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables, int64_t table_stride, \
                           const int64_t *seq_lens, T *out, int64_t B, int64_t H, int64_t KVH, int64_t D,    \
                           int64_t bs, float scale, int num_threads) {                                      \
