@@ -10,7 +10,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from engine.config import EngineConfig
 from engine.flags import add_engine_args, engine_config_from_args
 from engine.server.async_engine import DEFAULT_MAX_WAITING
 from engine.server.engine_thread import EngineThread
+from engine.server.listen import listening_socket
 from engine.server.serving_engine import ServingEngine
 
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ def run_serve(args: argparse.Namespace, hooks: ServeHooks | None = None) -> int:
     if args.port_file:
         # NOTE: bound here, before uvicorn starts, so --port 0 gets a free port with no race and the
         # port file names a socket that is already listening (or about to accept, once lifespan ends).
-        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-        sockets = [socket.create_server((args.host, args.port), family=family)]
+        sockets = [listening_socket(args.host, args.port)]
         _write_atomic(Path(args.port_file), json.dumps({"port": sockets[0].getsockname()[1], "pid": os.getpid()}))
     attached = hooks.attach(engine) if hooks.attach is not None else contextlib.nullcontext()
     # NOTE: the app's lifespan has joined the engine thread before server.run() returns, so

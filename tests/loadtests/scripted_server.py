@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import uuid
@@ -22,6 +21,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from engine.server.listen import listening_socket
 
 MODEL = "scripted"
 ROLE_TO_CONTENT_S = 0.3  # role chunk, then an empty chunk, then the first text this much later
@@ -131,7 +132,7 @@ def _app(server: ScriptedServer) -> Starlette:
 @contextmanager
 def scripted_server(misbehaviour: Misbehaviour | None = None, chunk_gap_s: float = 0.02) -> Iterator[ScriptedServer]:
     """The scripted server on a free 127.0.0.1 port, on a background thread."""
-    sock = socket.create_server(("127.0.0.1", 0))
+    sock = listening_socket("127.0.0.1", 0)
     server = ScriptedServer(f"http://127.0.0.1:{sock.getsockname()[1]}", misbehaviour=misbehaviour or Misbehaviour(),
                             chunk_gap_s=chunk_gap_s)
     uv = uvicorn.Server(uvicorn.Config(_app(server), log_level="warning", lifespan="off"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from engine import EngineConfig, LLMEngine, RequestEvent, RequestEventKind, Step
 from engine.outputs import EngineStats
 from engine.server.app import ServerSettings, build_app
 from engine.server.async_engine import AsyncEngine
+from engine.server.listen import listening_socket
 from engine.server.serving_engine import ServingEngine
 from engine.weights import LoadedModel, load_model
 
@@ -92,9 +92,7 @@ def start_server(engine: ServingEngine, settings: ServerSettings) -> LiveServer:
     recorder = Recorder()
     engine.add_observer(recorder)  # type: ignore[attr-defined]
     app = build_app(engine, settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
