@@ -50,7 +50,7 @@ class CapacityInterval:
 
 def standard_error(interval: RateInterval) -> tuple[float, int]:
     """The standard error behind a batch-means interval and its degrees of freedom."""
-    dof = interval.num_batches - 1
+    dof = interval.dof
     return interval.half_width / student_t_quantile(0.5 + interval.confidence / 2, dof), dof
 
 

@@ -7,6 +7,14 @@ row. So the interval is the batch-means one of simulation output analysis: conse
 are grouped into a few batches long enough to be nearly independent, and the batches' means give a
 Student-t interval of the overall mean. It describes the throughput of this load on this request
 sequence (the seed): which requests land in the window is part of the noise it measures.
+
+With a control (the prompt tokens prefilled per sub-window), most of that noise is explained away: on
+a CPU the output rate falls as prefill rises (sub-window correlations of -0.9 to -0.99 in three runs
+of the main job, docs/results.md), so which long prompts landed in which batch set the batches' spread,
+while three runs of one seed measured each point within a few percent of each other. The controlled
+interval is the batch-means interval of the rates less their regression on the control (the mean is
+unchanged; a degree of freedom goes to the slope): how sure the rate is *given the prefill work this
+window did*, which is what a rerun of the same seed repeats and what tells two points of one search apart.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ class RateInterval:
     confidence: float
     num_batches: int
     batch_s: float  # the length of one batch, seconds
+    controlled: bool = False  # the rates' regression on a control (the prefill rate) was taken out first
+
+    @property
+    def dof(self) -> int:
+        """Degrees of freedom of its t quantile: one per batch, less one for the mean and one for a control's slope."""
+        return self.num_batches - 1 - int(self.controlled)
 
     @property
     def half_width(self) -> float:
@@ -49,12 +63,12 @@ class RateInterval:
 
     def to_dict(self) -> dict[str, float | int]:
         return {"value": self.value, "low": self.low, "high": self.high, "confidence": self.confidence,
-                "num_batches": self.num_batches, "batch_s": self.batch_s}
+                "num_batches": self.num_batches, "batch_s": self.batch_s, "controlled": self.controlled}
 
     @classmethod
     def from_dict(cls, data: dict[str, float | int]) -> RateInterval:
         return cls(float(data["value"]), float(data["low"]), float(data["high"]), float(data["confidence"]),
-                   int(data["num_batches"]), float(data["batch_s"]))
+                   int(data["num_batches"]), float(data["batch_s"]), bool(data.get("controlled", False)))
 
 
 def token_rate_series(times: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray, start: float,
@@ -98,21 +112,32 @@ def num_batches_for(num_samples: int) -> int:
 
 
 def batch_means_interval(rates: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE,
-                         width: float = SUB_WINDOW_S) -> RateInterval | None:
+                         width: float = SUB_WINDOW_S,
+                         control: Sequence[float] | np.ndarray | None = None) -> RateInterval | None:
     """The mean of ``rates`` (one per sub-window of ``width`` s) with its batch-means interval; None
     with fewer sub-windows than ``MIN_BATCHES`` (nothing to tell the spread from).
 
     The sub-windows are cut into equal consecutive batches (the first few dropped when they do not
     divide evenly, so the batches end with the window); the interval is the batches' mean plus or
-    minus the t quantile times their standard error.
+    minus the t quantile times their standard error. ``control``: one value per sub-window (the
+    prefill rate) whose least-squares slope over the sub-windows is taken out of the rates before
+    batching; ignored when it does not vary.
     """
     x = np.asarray(rates, dtype=float)
     if len(x) < MIN_BATCHES:
         return None
     num_batches = num_batches_for(len(x))
     size = len(x) // num_batches
-    batches = x[len(x) - size * num_batches:].reshape(num_batches, size).mean(axis=1)
     mean = float(x.mean())  # NOTE: every sub-window's; the batches only tell the spread
-    se = float(batches.std(ddof=1)) / math.sqrt(num_batches)
-    half = student_t_quantile(0.5 + confidence / 2, num_batches - 1) * se
-    return RateInterval(mean, mean - half, mean + half, confidence, num_batches, size * width)
+    spread, controlled = x, False
+    if control is not None and num_batches > 2:
+        z = np.asarray(control, dtype=float)
+        if z.shape != x.shape:
+            raise ValueError(f"need one control value per rate, got {z.shape} for {x.shape}")
+        dz = z - z.mean()
+        if float(dz @ dz) > 0:
+            spread, controlled = x - float(dz @ (x - mean)) / float(dz @ dz) * dz, True
+    batches = spread[len(x) - size * num_batches:].reshape(num_batches, size).mean(axis=1)
+    se = float(batches.std(ddof=1 + int(controlled))) / math.sqrt(num_batches)
+    half = student_t_quantile(0.5 + confidence / 2, num_batches - 1 - int(controlled)) * se
+    return RateInterval(mean, mean - half, mean + half, confidence, num_batches, size * width, controlled)

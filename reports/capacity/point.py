@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.capacity.interval import RateInterval, batch_means_interval, token_rate_series
+from reports.capacity.interval import SUB_WINDOW_S, RateInterval, batch_means_interval, token_rate_series
 from reports.capacity.knee import wilson_interval
 from reports.capacity.other_load import other_cpu_cores
 from reports.capacity.records import CapacityPoint
@@ -62,13 +62,41 @@ def streamed_throughput(data: RunDataset) -> float | None:
     return float(weights[(times >= start) & (times < end)].sum()) / (end - start)
 
 
+def prefill_rate_series(data: RunDataset, start: float, end: float, width: float = SUB_WINDOW_S) -> np.ndarray | None:
+    """Prompt tokens prefilled per second in each whole sub-window of ``width`` from ``start``: each request's
+    uncached prompt tokens spread evenly over its prefill, from the engine's first scheduling of it to its
+    first token (the engine's request probe), else from the client's send to its first token (queueing
+    included); None without either table.
+    """
+    requests = data.frame("requests") if data.has_engine_probes else None
+    if requests is not None and len(requests):
+        begin, end_col, rows = "first_scheduled_time", "first_token_time", requests
+    elif data.client is not None:
+        begin, end_col, rows = "send_time", "first_token_time", data.client[data.client["is_ok"].astype(bool)]
+    else:
+        return None
+    rows = rows.dropna(subset=[begin, end_col, "num_prompt_tokens"])
+    num = int(math.floor((end - start) / width + 1e-9))
+    if num < 1:
+        return np.zeros(0)
+    edges = start + width * np.arange(num + 1)
+    tokens = (rows["num_prompt_tokens"] - rows["num_cached_tokens"].fillna(0)).clip(lower=0).to_numpy(float)
+    first, last = rows[begin].to_numpy(float), rows[end_col].to_numpy(float)
+    overlap = (np.minimum(edges[1:][None, :], last[:, None]) - np.maximum(edges[:-1][None, :], first[:, None])).clip(0)
+    share = overlap / np.maximum(last - first, 1e-6)[:, None]  # NOTE: a prefill of no length counts where it ends
+    share[(last - first <= 1e-6)[:, None] & (edges[:-1][None, :] <= last[:, None]) & (last[:, None] < edges[1:][None, :])] = 1.0
+    return (tokens @ share) / width
+
+
 def throughput_interval(data: RunDataset) -> RateInterval | None:
     """The batch-means interval of the streamed throughput (``reports.capacity.interval``), over the whole
-    sub-windows of the measured window; None without enough of them."""
+    sub-windows of the measured window, with the prefill rate as its control; None without enough of them."""
     window, arrivals = measured_window(data), token_arrivals(data)
     if window is None or arrivals is None:
         return None
-    return batch_means_interval(token_rate_series(*arrivals, *window))
+    rates = token_rate_series(*arrivals, *window)
+    prefill = prefill_rate_series(data, *window)
+    return batch_means_interval(rates, control=prefill if prefill is not None and len(prefill) == len(rates) else None)
 
 
 def time_averaged(data: RunDataset, begin: str) -> float | None:
