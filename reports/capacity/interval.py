@@ -9,9 +9,9 @@ Student-t interval of the overall mean. It describes the throughput of this load
 sequence (the seed): which requests land in the window is part of the noise it measures.
 
 With a control (the prompt tokens prefilled per sub-window), most of that noise is explained away: on
-a CPU the output rate falls as prefill rises (sub-window correlations of -0.9 to -0.99 in three runs
-of the main job, docs/results.md), so which long prompts landed in which batch set the batches' spread,
-while three runs of one seed measured each point within a few percent of each other. The controlled
+a CPU the output rate falls as prefill rises, closely (docs/results.md, the main job's repeatability), so
+which long prompts landed in which batch set the batches' spread, while runs of one seed measured each
+point far closer to each other than that spread. The controlled
 interval is the batch-means interval of the rates less their regression on the control (the mean is
 unchanged; a degree of freedom goes to the slope): how sure the rate is *given the prefill work this
 window did*, which is what a rerun of the same seed repeats and what tells two points of one search apart.

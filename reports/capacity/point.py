@@ -82,9 +82,10 @@ def prefill_rate_series(data: RunDataset, start: float, end: float, width: float
     edges = start + width * np.arange(num + 1)
     tokens = (rows["num_prompt_tokens"] - rows["num_cached_tokens"].fillna(0)).clip(lower=0).to_numpy(float)
     first, last = rows[begin].to_numpy(float), rows[end_col].to_numpy(float)
-    overlap = (np.minimum(edges[1:][None, :], last[:, None]) - np.maximum(edges[:-1][None, :], first[:, None])).clip(0)
-    share = overlap / np.maximum(last - first, 1e-6)[:, None]  # NOTE: a prefill of no length counts where it ends
-    share[(last - first <= 1e-6)[:, None] & (edges[:-1][None, :] <= last[:, None]) & (last[:, None] < edges[1:][None, :])] = 1.0
+    overlap = (np.minimum(edges[1:], last[:, None]) - np.maximum(edges[:-1], first[:, None])).clip(0)
+    share = overlap / np.maximum(last - first, 1e-6)[:, None]
+    instant = last - first <= 1e-6  # NOTE: a prefill of no length counts in the sub-window it ended in
+    share[instant] = (edges[:-1] <= last[instant, None]) & (last[instant, None] < edges[1:])
     return (tokens @ share) / width
 
 
