@@ -60,6 +60,7 @@ class RunResult:
     points: dict[int, float]  # users -> output tok/s of every point the search measured
     point_verdicts: dict[int, str | None]  # users -> each point's own verdict
     other_cpu_cores: dict[int, float | None]  # users -> cores other processes took during the point's window
+    engine_load_factor: dict[int, float | None]  # users -> the point's decode forwards over the calibration's
 
 
 def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: float, returncode: int) -> RunResult:
@@ -81,7 +82,8 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
                              if p.get("output_tokens_per_s") is not None},
                      point_verdicts={int(p["concurrency"]): p["bottleneck"]
                                      for p in (diagnosis.get("metrics") or {}).get("points", [])},
-                     other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])})
+                     other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])},
+                     engine_load_factor={int(p["users"]): p.get("engine_load_factor") for p in c.get("points", [])})
 
 
 def spread(results: list[RunResult]) -> dict[str, Any]:
@@ -155,16 +157,18 @@ def results_table(results: list[RunResult], s: dict[str, Any], command: str) -> 
 
 def points_table(results: list[RunResult]) -> Table:
     grid = sorted({u for r in results for u in r.points})
-    table = Table(title="every point by run: output tok/s, the point's own verdict, other processes' cores")
+    table = Table(title="every point by run: output tok/s, the point's own verdict, other processes' cores, the "
+                        "engine's decode forwards over its calibration")
     table.add_column("users", justify="right")
     for r in results:
         table.add_column(f"run {r.run}", justify="right")
     for u in grid:
         cells = []
         for r in results:
-            other = r.other_cpu_cores.get(u)
+            other, factor = r.other_cpu_cores.get(u), r.engine_load_factor.get(u)
             cells.append("-" if u not in r.points else
-                         f"{r.points[u]:.1f} {r.point_verdicts.get(u)}" + (f" {other:.2f}" if other is not None else ""))
+                         f"{r.points[u]:.1f} {r.point_verdicts.get(u)}" + (f" {other:.2f}" if other is not None else "")
+                         + (f" {factor:.2f}x" if factor is not None else ""))
         table.add_row(str(u), *cells)
     return table
 
