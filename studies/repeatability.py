@@ -35,6 +35,9 @@ from rich.console import Console
 from rich.table import Table
 
 from probes.run_dir import DIAGNOSIS_NAME
+from reports.capacity.point import measured_window
+from reports.dataset import DatasetError, RunDataset
+from reports.levers.step_model import engine_load_factor
 from reports.whole_table import print_whole
 
 
@@ -60,7 +63,7 @@ class RunResult:
     points: dict[int, float]  # users -> output tok/s of every point the search measured
     point_verdicts: dict[int, str | None]  # users -> each point's own verdict
     other_cpu_cores: dict[int, float | None]  # users -> cores other processes took during the point's window
-    engine_load_factor: dict[int, float | None]  # users -> the point's decode forwards over the calibration's
+    engine_load_factor: dict[int, float | None]  # users -> the point's decode forwards over its calibration's
 
 
 def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: float, returncode: int) -> RunResult:
@@ -83,7 +86,21 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
                      point_verdicts={int(p["concurrency"]): p["bottleneck"]
                                      for p in (diagnosis.get("metrics") or {}).get("points", [])},
                      other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])},
-                     engine_load_factor={int(p["users"]): p.get("engine_load_factor") for p in c.get("points", [])})
+                     engine_load_factor={int(p["users"]): point_load_factor(out / f"users-{int(p['users'])}")
+                                         for p in c.get("points", [])})
+
+
+def point_load_factor(point_dir: Path) -> float | None:
+    """The point's engine load factor over its measured window (``reports.levers.step_model.engine_load_factor``);
+    None where the point's directory cannot say."""
+    if not point_dir.is_dir():
+        return None
+    try:
+        data = RunDataset.load(point_dir)
+    except DatasetError:
+        return None
+    window = measured_window(data)
+    return engine_load_factor(data, *window) if window is not None else None
 
 
 def spread(results: list[RunResult]) -> dict[str, Any]:

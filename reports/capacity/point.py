@@ -10,7 +10,7 @@ import pandas as pd
 
 from reports.capacity.interval import SUB_WINDOW_S, RateInterval, batch_means_interval, token_rate_series
 from reports.capacity.knee import wilson_interval
-from reports.capacity.other_load import engine_load_factor, other_cpu_cores
+from reports.capacity.other_load import other_cpu_cores
 from reports.capacity.records import CapacityPoint
 from reports.dataset import RunDataset
 from reports.summary import PointMeasures
@@ -151,5 +151,4 @@ def capacity_point(data: RunDataset, measures: PointMeasures) -> CapacityPoint:
                          output_tokens_per_s_interval=interval.to_dict() if interval is not None else None,
                          measured_s=window[1] - window[0] if window is not None else None,
                          window=data.load_info.window if data.load_info is not None else None,
-                         other_cpu_cores=other_cpu_cores(data, *window) if window is not None else None,
-                         engine_load_factor=engine_load_factor(data, *window) if window is not None else None)
+                         other_cpu_cores=other_cpu_cores(data, *window) if window is not None else None)

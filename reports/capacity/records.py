@@ -61,7 +61,6 @@ class CapacityPoint:
     measured_s: float | None = None  # the measured window's length
     window: dict[str, Any] | None = None  # a controlled point's decisions (loadtests.point_stop.PointWindow)
     other_cpu_cores: float | None = None  # cores other processes took during the window (reports.capacity.other_load)
-    engine_load_factor: float | None = None  # its decode forwards over the calibration's (reports.capacity.other_load)
 
     @property
     def interval(self) -> RateInterval | None:

@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probes.run_dir import CALIBRATION_NAME, RunDirectory, RunFileError
 from probes.step_calibration import StepCalibration
+from reports.dataset import RunDataset
 
 FEATURES = ("overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
 HOLDOUT_SHARE = 0.2
@@ -232,6 +234,24 @@ def load_factor(busy: pd.DataFrame, calibration: StepCalibration | None) -> floa
         return 1.0
     calibrated = calibrated_forward_s(decode, calibration)
     return float(np.median(decode["forward_only_s"].to_numpy(float) / calibrated))
+
+
+def engine_load_factor(data: RunDataset, start: float, end: float) -> float | None:
+    """One run's (or load point's) :func:`load_factor` over the busy steps that started in ``[start, end)``,
+    against its own ``step_calibration.json``; None without the engine's steps, the calibration or a busy
+    decode step there. It grows with the load on a shared machine (the load's workers and the server's event
+    loop take more of the cores), so it is compared across runs at the same point (``studies/repeatability.py``)."""
+    if not data.has_engine_probes:
+        return None
+    try:
+        calibration = RunDirectory(data.path).load(CALIBRATION_NAME, StepCalibration)
+    except (RunFileError, KeyError, TypeError, ValueError):
+        return None
+    busy = busy_periods(data.frame("steps"))
+    busy = busy[(busy["start_time"] >= start) & (busy["start_time"] < end)]
+    if calibration is None or not (busy["num_prefill_tokens"] == 0).any():
+        return None
+    return load_factor(busy, calibration)
 
 
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:

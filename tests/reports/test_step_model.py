@@ -8,9 +8,15 @@ import pytest
 
 from probes.run_dir import CALIBRATION_NAME, RunDirectory
 from probes.step_calibration import StepCalibration
-from reports.capacity.other_load import engine_load_factor
 from reports.dataset import RunDataset
-from reports.levers.step_model import MIN_WINDOW_STEPS, StepWork, busy_periods, fit_step_model, nnls
+from reports.levers.step_model import (
+    MIN_WINDOW_STEPS,
+    StepWork,
+    busy_periods,
+    engine_load_factor,
+    fit_step_model,
+    nnls,
+)
 
 KNOWN = {"overhead_s": 0.004, "prefill_token_s": 60e-6, "decode_seq_s": 300e-6, "context_token_s": 2e-6}
 
@@ -195,9 +201,9 @@ def test_a_run_at_constant_batch_predicts_a_faster_way_by_its_load_factor() -> N
     assert int4 == pytest.approx(0.0126, rel=0.15)
 
 
-def test_a_point_keeps_how_much_slower_its_engine_ran_than_its_calibration(tmp_path) -> None:
-    """The capacity point's engine load factor: its window's decode forwards over the calibration's (1.3 here),
-    and nothing to say without the run's calibration."""
+def test_a_point_says_how_much_slower_its_engine_ran_than_its_calibration(tmp_path) -> None:
+    """A point's engine load factor: its window's decode forwards over the calibration's (1.3 here), and
+    nothing to say without the run's calibration."""
     calibrated = calibration()
     steps = loaded_steps(600, calibrated, "optimized", [1, 2, 4, 8])
     data = RunDataset(path=tmp_path, manifest=None, frames={"steps": steps}, client=None, load_info=None)
