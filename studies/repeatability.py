@@ -35,9 +35,8 @@ from rich.console import Console
 from rich.table import Table
 
 from probes.run_dir import DIAGNOSIS_NAME
-from reports.capacity.point import measured_window
 from reports.dataset import DatasetError, RunDataset
-from reports.levers.step_model import engine_load_factor
+from reports.levers.step_model import point_load_factor
 from reports.whole_table import print_whole
 
 
@@ -86,21 +85,20 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
                      point_verdicts={int(p["concurrency"]): p["bottleneck"]
                                      for p in (diagnosis.get("metrics") or {}).get("points", [])},
                      other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])},
-                     engine_load_factor={int(p["users"]): point_load_factor(out / f"users-{int(p['users'])}")
+                     engine_load_factor={int(p["users"]): p["engine_load_factor"] if p.get("engine_load_factor") is not None
+                                         else directory_load_factor(out / f"users-{int(p['users'])}")
                                          for p in c.get("points", [])})
 
 
-def point_load_factor(point_dir: Path) -> float | None:
-    """The point's engine load factor over its measured window (``reports.levers.step_model.engine_load_factor``);
-    None where the point's directory cannot say."""
+def directory_load_factor(point_dir: Path) -> float | None:
+    """The engine load factor of a point in a run older than the diagnosis's own (``engine_load_factor`` in its
+    capacity points), read from its directory; None where the directory cannot say."""
     if not point_dir.is_dir():
         return None
     try:
-        data = RunDataset.load(point_dir)
+        return point_load_factor(RunDataset.load(point_dir))
     except DatasetError:
         return None
-    window = measured_window(data)
-    return engine_load_factor(data, *window) if window is not None else None
 
 
 def spread(results: list[RunResult]) -> dict[str, Any]:

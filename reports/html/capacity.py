@@ -13,6 +13,7 @@ from reports.capacity.limit import LIMIT_BOTTLENECK
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.records import Capacity
 from reports.html.sections import Block, ReportContext, Section, note, table
+from reports.levers.step_model import SLOWED_FACTOR
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 
@@ -40,6 +41,13 @@ def headline(capacity: dict[str, Any]) -> list[str]:
         lines.append("Measured on a busy machine: other processes took " + ", ".join(
             f"{p['other_cpu_cores']:.1f} cores at {p['users']} users" for p in busy)
             + "; those points read low, and a rerun on a quiet machine may not agree")
+    slowed = [p for p in capacity["points"] if (p.get("engine_slowdown") or 0) >= SLOWED_FACTOR]
+    if slowed:
+        lines.append("The host ran the engine slower under some points: " + ", ".join(
+            f"at {p['users']} users its decode steps took {p['engine_load_factor']:.2f}x their calibrated time, "
+            f"{p['engine_slowdown']:.2f}x the search's median point" for p in slowed)
+            + " (against the calibration at the same batch sizes: the machine ran the same work slower); "
+            + ("those points read" if len(slowed) > 1 else "that point reads") + " low, and a rerun may not agree")
     single = capacity.get("single_stream")
     if single is not None and single.get("mbu") is not None:
         lines.append(f"One stream reads the weights at {single['mbu']:.0%} of this machine's copy bandwidth "
@@ -129,10 +137,11 @@ class CapacitySection(Section):
                         f"binds (at the capacity itself it only starts to). Search: {capacity.stopped}."))
         rows = [[p.users, p.output_tokens_per_s, _rate_range(p.output_tokens_per_s_interval), p.measured_s,
                  (p.window or {}).get("why_stopped"), p.decoding_streams, p.in_flight, p.tokens_per_request,
-                 _attainment(p.slo_attainment), p.goodput] for p in capacity.points]
+                 _attainment(p.slo_attainment), p.goodput, p.engine_load_factor] for p in capacity.points]
         out.append(table(["users", "output tok/s (streamed in the window)", "95% interval", "measured s",
                           "why it stopped", "decoding streams", "requests open", "tokens per request",
-                          "SLO attainment (95% CI)", "goodput req/s"], rows,
+                          "SLO attainment (95% CI)", "goodput req/s", "engine's decode time over its calibration"],
+                         rows,
                          highlight=[p.users == capacity.concurrency for p in capacity.points]))
         out.append(ctx.figure(capacity_figure(capacity), f"Knee fit: {capacity.knee.reason}"))
         t = capacity.tokens

@@ -44,6 +44,8 @@ import pandas as pd
 
 from probes.run_dir import CALIBRATION_NAME, RunDirectory, RunFileError
 from probes.step_calibration import StepCalibration
+from reports.capacity.point import measured_window
+from reports.capacity.records import Capacity
 from reports.dataset import RunDataset
 
 FEATURES = ("overhead_s", "prefill_token_s", "decode_seq_s", "context_token_s")
@@ -56,6 +58,9 @@ MIN_STEPS = 8
 MIN_WINDOW_STEPS = 50
 # A step this many robust standard deviations slower than the fit predicts was stalled (see :func:`fit_step_model`).
 STALL_SIGMAS = 5.0
+# A search's point whose engine load factor is this many times the search's median point's ran on a slower host
+# (see :func:`slowed_points`).
+SLOWED_FACTOR = 1.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +257,43 @@ def engine_load_factor(data: RunDataset, start: float, end: float) -> float | No
     if calibration is None or not (busy["num_prefill_tokens"] == 0).any():
         return None
     return load_factor(busy, calibration)
+
+
+def point_load_factor(data: RunDataset) -> float | None:
+    """:func:`engine_load_factor` over the point's measured window (the one its throughput is counted over)."""
+    window = measured_window(data)
+    return engine_load_factor(data, *window) if window is not None else None
+
+
+def slowdowns(factors: dict[int, float | None]) -> dict[int, float]:
+    """Each point's engine load factor (users -> factor) over the median of the search's points from 2 users up;
+    empty with fewer than three such points. One user's point is left out of the median and given none: with one
+    stream the load's client and the server's event loop take the least of the cores, so its factor is the lowest
+    by design. Past that the factor levels off, and what still moves it is the host's own speed, which on
+    shared hardware drifts between points with nothing else running (docs/results.md, "The host's own drift")."""
+    usable = {u: f for u, f in factors.items() if u > 1 and f is not None}
+    if len(usable) < 3:
+        return {}
+    median = float(np.median(list(usable.values())))
+    return {u: f / median for u, f in usable.items()}
+
+
+def slowed_points(capacity: Capacity) -> dict[int, float]:
+    """The points (users -> slowdown) whose engine ran at least :data:`SLOWED_FACTOR` times the search's median
+    point's load factor: the host, not the load, was slower under them, and their throughput reads low."""
+    return {p.users: p.engine_slowdown for p in capacity.points
+            if p.engine_slowdown is not None and p.engine_slowdown >= SLOWED_FACTOR}
+
+
+def attach_engine_speed(capacity: Capacity, points: Sequence[RunDataset]) -> None:
+    """Fill each capacity point's ``engine_load_factor`` and ``engine_slowdown`` from its run directory."""
+    by_users = {int(p.concurrency): p for p in points if p.concurrency is not None}
+    for point in capacity.points:
+        data = by_users.get(point.users)
+        point.engine_load_factor = point_load_factor(data) if data is not None else None
+    ratios = slowdowns({p.users: p.engine_load_factor for p in capacity.points})
+    for point in capacity.points:
+        point.engine_slowdown = ratios.get(point.users)
 
 
 def busy_periods(steps: pd.DataFrame) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from reports.capacity.result import capacity_focus, capacity_result
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.health import RunHealth, run_health
 from reports.levers.attach import attach_predictions
+from reports.levers.step_model import attach_engine_speed
 from reports.metric_adapters import ADAPTERS
 from reports.summary import RunSummary, point_measures
 from reports.verdict.advice import lever_for
@@ -196,6 +197,8 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     sweep = sweep_measures(parameter or "load", measures) if len(points) > 1 else None
     search = read_search(run_path)
     capacity = capacity_result(run_path, search, points, measures) if search is not None else None
+    if capacity is not None:
+        attach_engine_speed(capacity, points)
     focus = capacity_focus(capacity, measures) if capacity is not None else len(points) - 1
     # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)

@@ -6,16 +6,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.run_dir import CALIBRATION_NAME, RunDirectory
+from probes.run_dir import CALIBRATION_NAME, LoadInfo, RunDirectory
 from probes.step_calibration import StepCalibration
+from reports.capacity.knee import fit_knee
+from reports.capacity.records import Capacity, CapacityPoint
 from reports.dataset import RunDataset
 from reports.levers.step_model import (
     MIN_WINDOW_STEPS,
     StepWork,
+    attach_engine_speed,
     busy_periods,
     engine_load_factor,
     fit_step_model,
     nnls,
+    slowdowns,
+    slowed_points,
 )
 
 KNOWN = {"overhead_s": 0.004, "prefill_token_s": 60e-6, "decode_seq_s": 300e-6, "context_token_s": 2e-6}
@@ -122,16 +127,17 @@ def calibration(run_path: str = "optimized") -> StepCalibration:
                            measured_at=0.0, method="synthetic")
 
 
-def loaded_steps(n: int, calibrated: StepCalibration, path: str, batches: list[int], seed: int = 0) -> pd.DataFrame:
-    """Steps of a loaded server on ``path``: the calibrated forward of the decoding sequences, stretched 1.3 times
-    (the rest of the machine's share of the CPU), plus what the load adds (10 ms a step, 1 ms a sequence, 60 us a
+def loaded_steps(n: int, calibrated: StepCalibration, path: str, batches: list[int], seed: int = 0,
+                 factor: float = 1.3) -> pd.DataFrame:
+    """Steps of a loaded server on ``path``: the calibrated forward of the decoding sequences, stretched ``factor``
+    times (the rest of the machine's share of the CPU), plus what the load adds (10 ms a step, 1 ms a sequence, 60 us a
     prompt token, 40 of them in the forward), 3% noise."""
     rng = np.random.default_rng(seed)
     prefill = rng.choice([0, 0, 0, 128], n)
     decode = rng.choice(batches, n) * (prefill == 0) + (prefill > 0) * rng.choice([0, 1], n)
     context = decode * 100 + rng.integers(0, 50, n)
     share = calibrated.forward(path, 16) / calibrated.forward(calibrated.run_path, 16)
-    path_forward = 1.3 * np.array([calibrated.forward(path, max(d, 1)) for d in decode]) + 40e-6 * prefill * share
+    path_forward = factor * np.array([calibrated.forward(path, max(d, 1)) for d in decode]) + 40e-6 * prefill * share
     stolen = 0.010 + 0.001 * decode + 20e-6 * prefill
     total = (path_forward + stolen) * rng.lognormal(0.0, 0.03, n)
     start = np.concatenate([[0.0], np.cumsum(total)[:-1]])
@@ -212,3 +218,39 @@ def test_a_point_says_how_much_slower_its_engine_ran_than_its_calibration(tmp_pa
     RunDirectory(tmp_path).save(CALIBRATION_NAME, calibrated)
     assert engine_load_factor(data, *window) == pytest.approx(1.3, rel=0.02)
     assert engine_load_factor(data, window[1] + 1e6, window[1] + 2e6) is None  # no step in that window
+
+
+def test_a_point_whose_engine_ran_slower_than_the_searchs_median_point_is_named(tmp_path) -> None:
+    """Each point's load factor against the median of the points from 2 users up: 1 user's is lower by design and
+    is neither in the median nor judged; one point at 1.6x where the others ran 1.3x is named (1.23x the
+    median), the others are not, and the report's headline says so."""
+    from reports.html.capacity import headline
+
+    calibrated = calibration()
+    factors = {1: 1.1, 2: 1.3, 4: 1.3, 8: 1.3, 16: 1.6}
+    points = []
+    for users, factor in factors.items():
+        path = tmp_path / f"users-{users}"
+        path.mkdir()
+        RunDirectory(path).save(CALIBRATION_NAME, calibrated)
+        steps = loaded_steps(400, calibrated, "optimized", [min(users, 16)], seed=users, factor=factor)
+        window = {"measure_from": float(steps["start_time"].iloc[50]), "stop_at": float(steps["start_time"].iloc[350])}
+        points.append(RunDataset(path=path, manifest=None, frames={"steps": steps}, client=None,
+                                 load_info=LoadInfo(config={"users": users}, window=window)))
+    tput = {1: 20.0, 2: 40.0, 4: 70.0, 8: 95.0, 16: 80.0}
+    capacity = Capacity(concurrency=8, output_tokens_per_s=95.0, goodput=None, method="knee", reason="synthetic",
+                        limit=None, limit_evidence="", knee=fit_knee(list(map(float, tput)), list(tput.values())),
+                        points=[CapacityPoint(u, t, None, None, None) for u, t in tput.items()], stopped="")
+    attach_engine_speed(capacity, points)
+    measured = {p.users: p.engine_load_factor for p in capacity.points}
+    assert measured == pytest.approx(factors, rel=0.03)
+    assert capacity.points[0].engine_slowdown is None  # one user: not judged against the others
+    assert slowed_points(capacity) == {16: pytest.approx(1.6 / 1.3, rel=0.03)}
+    lines = headline(capacity.to_dict())
+    slowed = [line for line in lines if line.startswith("The host ran the engine slower")]
+    assert len(slowed) == 1 and "at 16 users" in slowed[0] and "at 8 users" not in slowed[0]
+
+
+def test_too_few_points_give_no_median_to_judge_a_point_by() -> None:
+    assert slowdowns({1: 1.1, 2: 1.3, 4: 2.0}) == {}
+    assert slowdowns({2: 1.0, 4: None, 8: 1.2, 16: 1.5}) == pytest.approx({2: 1 / 1.2, 8: 1.0, 16: 1.25})
