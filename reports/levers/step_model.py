@@ -58,8 +58,8 @@ MIN_STEPS = 8
 MIN_WINDOW_STEPS = 50
 # A step this many robust standard deviations slower than the fit predicts was stalled (see :func:`fit_step_model`).
 STALL_SIGMAS = 5.0
-# A search's point whose engine load factor is this many times the search's median point's ran on a slower host
-# (see :func:`slowed_points`).
+# A search's point whose engine load factor is this many times the search's median point's (:func:`slowdowns`) ran
+# on a slower host, not under a heavier load: its throughput reads low (the report's capacity headline names it).
 SLOWED_FACTOR = 1.15
 
 
@@ -276,13 +276,6 @@ def slowdowns(factors: dict[int, float | None]) -> dict[int, float]:
         return {}
     median = float(np.median(list(usable.values())))
     return {u: f / median for u, f in usable.items()}
-
-
-def slowed_points(capacity: Capacity) -> dict[int, float]:
-    """The points (users -> slowdown) whose engine ran at least :data:`SLOWED_FACTOR` times the search's median
-    point's load factor: the host, not the load, was slower under them, and their throughput reads low."""
-    return {p.users: p.engine_slowdown for p in capacity.points
-            if p.engine_slowdown is not None and p.engine_slowdown >= SLOWED_FACTOR}
 
 
 def attach_engine_speed(capacity: Capacity, points: Sequence[RunDataset]) -> None:
