@@ -133,8 +133,10 @@ class CapacitySection(Section):
             return [note("No capacity search in this run (it had --users, --rate or --sweep); without them "
                          "`servescope diagnose` and `load` search for the server's capacity.")]
         out: list[Block | None] = [note(line) for line in headline(capacity.to_dict())]
-        out.append(note(f"Verdict read at {ctx.focus.label}: the first point past the capacity, where its limit "
-                        f"binds (at the capacity itself it only starts to). Search: {capacity.stopped}."))
+        moved = ctx.diagnosis.metrics.get("verdict_point")
+        where = (moved["why"] if moved else "the first point past the capacity, where its limit binds (at the capacity "
+                 "itself it only starts to)" if capacity.past_knee_users is not None else "the heaviest point")
+        out.append(note(f"Verdict read at {ctx.focus.label}: {where}. Search: {capacity.stopped}."))
         rows = [[p.users, p.output_tokens_per_s, _rate_range(p.output_tokens_per_s_interval), p.measured_s,
                  (p.window or {}).get("why_stopped"), p.decoding_streams, p.in_flight, p.tokens_per_request,
                  _attainment(p.slo_attainment), p.goodput, p.engine_load_factor] for p in capacity.points]

@@ -63,7 +63,7 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
         return ("offer more load (more users or a higher rate) to find the server's limit",
                 f"the engine was idle {pct(1 - s.busy_fraction)} of the time: the offered load is the limit")
     more_load = "offer more load (more users or a higher rate) to find the server's limit"
-    if s is not None and s.waiting_share is not None and s.waiting_share > NO_QUEUE_SHARE:
+    if is_undecided(bottleneck, facts):
         # NOTE: the fallback with a queue: no finding's rules all held, so nothing was shown to bind, but the
         # queue says the load is not the limit either; say so rather than claim nothing binds.
         return ("pull the lever predicted to gain most (the levers), then measure again",
@@ -73,6 +73,14 @@ def lever_for(bottleneck: Bottleneck, facts: Facts, deciding: list[Evidence]) ->
     if s is not None:
         return more_load, "every request was admitted and nothing inside the server binds: the offered load is the limit"
     return more_load, _outside_none_summary(facts)
+
+
+def is_undecided(bottleneck: Bottleneck, facts: Facts) -> bool:
+    """No limit named where our engine's requests queued: nothing was shown to bind, yet the offered load is not
+    the limit either (the engine's facts only; a server seen from outside says what its queue gauge showed)."""
+    s = facts.server
+    return (bottleneck == "none" and s is not None and s.busy_fraction > 0.5 and s.waiting_share is not None
+            and s.waiting_share > NO_QUEUE_SHARE)
 
 
 def _busy_slots(facts: Facts) -> int | None:

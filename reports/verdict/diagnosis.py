@@ -23,10 +23,10 @@ from reports.capacity.result import capacity_focus, capacity_result
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.health import RunHealth, run_health
 from reports.levers.attach import attach_predictions
-from reports.levers.step_model import attach_engine_speed
+from reports.levers.step_model import SLOWED_FACTOR, attach_engine_speed
 from reports.metric_adapters import ADAPTERS
 from reports.summary import RunSummary, point_measures
-from reports.verdict.advice import lever_for
+from reports.verdict.advice import is_undecided, lever_for
 from reports.verdict.evidence import BOTTLENECKS, NO_VERDICT, Bottleneck, Evidence, Facts, SweepMeasures, num
 from reports.verdict.facts import facts_for, single_stream_tpot, sweep_measures
 from reports.verdict.findings import (
@@ -203,6 +203,18 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
     diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
+    if capacity is not None and is_undecided(diagnosis.bottleneck, facts):
+        lighter = decided_lighter_point(focus, points, point_facts, sweep, capacity)
+        if lighter is not None:
+            first = points[focus].label
+            focus, facts, diagnosis, passed_over = lighter
+            why = (f"at {first}, where the capacity's rules read the verdict, which limit binds was undecided "
+                   f"(requests queued, yet no bottleneck's evidence was complete); {points[focus].label} is the "
+                   f"heaviest lighter point whose evidence decides it")
+            if passed_over:
+                why += f" ({', '.join(passed_over)} passed over: the host ran the engine slower there)"
+            diagnosis.metrics["verdict_point"] = {"label": points[focus].label, "instead_of": first, "why": why}
+            diagnosis.summary = f"{diagnosis.summary} (read at {points[focus].label}: {why})"
     diagnosis.capacity = capacity.to_dict() if capacity is not None else None
     if health.notes:
         diagnosis.metrics["health_notes"] = health.notes
@@ -222,6 +234,26 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
                     diagnosis=diagnosis, point_verdicts=verdicts, ablation=ablation, capacity=capacity,
                     focus_index=focus)
 
+
+
+def decided_lighter_point(focus: int, points: list[RunDataset], point_facts: list[Facts], sweep: SweepMeasures | None,
+                          capacity: Capacity) -> tuple[int, Facts, Diagnosis, list[str]] | None:
+    """The heaviest point lighter than ``focus`` whose evidence (with the sweep's and the capacity's) names a limit:
+    its index, facts and verdict, and the labels of the points passed over because the host ran the engine slower
+    under them (``engine_slowdown`` at :data:`SLOWED_FACTOR` or more). None when the first point on the way down
+    that is not undecided names no limit (the offered load was the limit there), or no point does."""
+    slowed = {p.users for p in capacity.points if (p.engine_slowdown or 0) >= SLOWED_FACTOR}
+    passed_over = []
+    for i in range(focus - 1, -1, -1):
+        if int(points[i].concurrency or 0) in slowed:
+            passed_over.append(points[i].label)
+            continue
+        facts = dataclasses.replace(point_facts[i], sweep=sweep, capacity=capacity)
+        diagnosis = decide(facts, points[i].label)
+        if is_undecided(diagnosis.bottleneck, facts):
+            continue
+        return (i, facts, diagnosis, passed_over) if diagnosis.bottleneck != "none" else None
+    return None
 
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:

@@ -1,0 +1,31 @@
+"""Where a capacity search's verdict is read when the point its rules name leaves the limit undecided.
+
+The fixture is a recorded run of README's main job (``servescope diagnose``, run 3 of the fourth hold in
+docs/results.md, "Repeatability of the main job": 2026-12-06 20:56 UTC, the shared 2-core AMD EPYC, int at
+ec963fe), replayed from its probe tables and client rows (its request log and Locust's own files left out). It
+named no capacity (4-24 users); its points' own verdicts were ``none`` up to 8 users, ``execution`` at 12 and 16,
+``batching`` at 24, whose engine ran 1.67x its calibration (1.30x the search's median point), and ``none`` at 32,
+where requests queued and no bottleneck's evidence was complete (undecided).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reports.verdict.diagnosis import analyze
+
+FIXTURE = Path(__file__).parent / "fixtures" / "capacity" / "main-job-host-slowed"
+
+
+def test_an_undecided_heaviest_point_hands_the_verdict_to_the_heaviest_lighter_point_that_decides() -> None:
+    analysis = analyze(FIXTURE)
+    verdicts = {p.label: v.bottleneck for p, v in zip(analysis.points, analysis.point_verdicts, strict=True)}
+    assert analysis.capacity is not None and analysis.capacity.concurrency is None
+    assert verdicts["users-32"] == "none" and "undecided" in analysis.point_verdicts[-1].summary
+    assert verdicts["users-24"] == "batching"  # decided, but on a point the host slowed
+    slowdown = {p.users: p.engine_slowdown for p in analysis.capacity.points}
+    assert slowdown[24] >= 1.15 and slowdown[16] < 1.15
+    assert analysis.focus.label == "users-16" and analysis.diagnosis.bottleneck == "execution"
+    moved = analysis.diagnosis.metrics["verdict_point"]
+    assert moved["instead_of"] == "users-32" and moved["label"] == "users-16"
+    assert "users-24 passed over" in moved["why"] and "read at users-16" in analysis.diagnosis.summary
