@@ -133,10 +133,8 @@ class CapacitySection(Section):
             return [note("No capacity search in this run (it had --users, --rate or --sweep); without them "
                          "`servescope diagnose` and `load` search for the server's capacity.")]
         out: list[Block | None] = [note(line) for line in headline(capacity.to_dict())]
-        moved = ctx.diagnosis.metrics.get("verdict_point")
-        where = (moved["why"] if moved else "the first point past the capacity, where its limit binds (at the capacity "
-                 "itself it only starts to)" if capacity.past_knee_users is not None else "the heaviest point")
-        out.append(note(f"Verdict read at {ctx.focus.label}: {where}. Search: {capacity.stopped}."))
+        out.append(note(f"Verdict read at {ctx.focus.label}: {_why_there(capacity, ctx.diagnosis.metrics)}. "
+                        f"Search: {capacity.stopped}."))
         rows = [[p.users, p.output_tokens_per_s, _rate_range(p.output_tokens_per_s_interval), p.measured_s,
                  (p.window or {}).get("why_stopped"), p.decoding_streams, p.in_flight, p.tokens_per_request,
                  _attainment(p.slo_attainment), p.goodput, p.engine_load_factor] for p in capacity.points]
@@ -154,6 +152,18 @@ class CapacitySection(Section):
                                      "exponent 0: the same number of streams (seats), 1: streams fall in "
                                      "proportion (memory)"))
         return out
+
+
+def _why_there(capacity: Capacity, metrics: dict[str, Any]) -> str:
+    """Why the verdict was read at its point (reports.capacity.result.focus_users, then reports.verdict.diagnosis)."""
+    moved = metrics.get("verdict_point")
+    if moved:
+        return moved["why"]
+    if capacity.failed_at_users is not None:
+        return "where requests began to fail from overload (their failures say which limit)"
+    if capacity.past_knee_users is not None:
+        return "the first point past the capacity, where its limit binds (at the capacity itself it only starts to)"
+    return "the capacity point" if capacity.concurrency is not None else "the heaviest point"
 
 
 def _rate_range(i: dict[str, Any] | None) -> str | None:

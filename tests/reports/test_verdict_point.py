@@ -10,6 +10,7 @@ where requests queued and no bottleneck's evidence was complete (undecided).
 
 from __future__ import annotations
 
+from html import unescape
 from pathlib import Path
 
 from reports.verdict.diagnosis import analyze
@@ -29,3 +30,15 @@ def test_an_undecided_heaviest_point_hands_the_verdict_to_the_heaviest_lighter_p
     moved = analysis.diagnosis.metrics["verdict_point"]
     assert moved["instead_of"] == "users-32" and moved["label"] == "users-16"
     assert "users-24 passed over" in moved["why"] and "read at users-16" in analysis.diagnosis.summary
+
+
+def test_the_report_says_where_the_verdict_was_read_and_why(tmp_path) -> None:
+    from reports.html.report import write_report
+
+    diagnosis = write_report(FIXTURE, tmp_path)
+    assert diagnosis["label"] == "users-16" and diagnosis["metrics"]["verdict_point"]["instead_of"] == "users-32"
+    html = unescape((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert "Verdict read at users-16: at users-32, where the capacity's rules read the verdict" in html
+    slowed = html[html.index("The host ran the engine slower under some points"):].split("</")[0]
+    assert "at 24 users its decode steps took 1.67x" in slowed and "at 12 users" in slowed  # 1.17x the median
+    assert "at 16 users" not in slowed
