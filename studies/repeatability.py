@@ -36,7 +36,7 @@ from rich.table import Table
 
 from probes.run_dir import DIAGNOSIS_NAME
 from reports.dataset import DatasetError, RunDataset
-from reports.levers.step_model import point_load_factor
+from reports.levers.engine_speed import point_load_factor
 from reports.whole_table import print_whole
 
 
@@ -85,9 +85,14 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
                      point_verdicts={int(p["concurrency"]): p["bottleneck"]
                                      for p in (diagnosis.get("metrics") or {}).get("points", [])},
                      other_cpu_cores={int(p["users"]): p.get("other_cpu_cores") for p in c.get("points", [])},
-                     engine_load_factor={int(p["users"]): p["engine_load_factor"] if p.get("engine_load_factor") is not None
-                                         else directory_load_factor(out / f"users-{int(p['users'])}")
-                                         for p in c.get("points", [])})
+                     engine_load_factor={int(p["users"]): point_factor(p, out) for p in c.get("points", [])})
+
+
+def point_factor(point: dict[str, Any], out: Path) -> float | None:
+    """A capacity point's engine load factor: the diagnosis's own, else read from the point's directory."""
+    if point.get("engine_load_factor") is not None:
+        return float(point["engine_load_factor"])
+    return directory_load_factor(out / f"users-{int(point['users'])}")
 
 
 def directory_load_factor(point_dir: Path) -> float | None:

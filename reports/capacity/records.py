@@ -62,7 +62,7 @@ class CapacityPoint:
     window: dict[str, Any] | None = None  # a controlled point's decisions (loadtests.point_stop.PointWindow)
     other_cpu_cores: float | None = None  # cores other processes took during the window (reports.capacity.other_load)
     # The engine's decode forwards over its step calibration in the window, and that over the search's median
-    # point (reports.levers.step_model: engine_load_factor, slowdowns); filled where the engine was probed.
+    # point (reports.levers.engine_speed: engine_load_factor, slowdowns); filled where the engine was probed.
     engine_load_factor: float | None = None
     engine_slowdown: float | None = None
 

@@ -13,7 +13,7 @@ from reports.capacity.limit import LIMIT_BOTTLENECK
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.records import Capacity
 from reports.html.sections import Block, ReportContext, Section, note, table
-from reports.levers.step_model import SLOWED_FACTOR
+from reports.levers.engine_speed import SLOWED_FACTOR
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 

@@ -23,7 +23,7 @@ from reports.capacity.result import capacity_focus, capacity_result
 from reports.dataset import RunDataset, load_points, sweep_parameter
 from reports.health import RunHealth, run_health
 from reports.levers.attach import attach_predictions
-from reports.levers.step_model import SLOWED_FACTOR, attach_engine_speed
+from reports.levers.engine_speed import SLOWED_FACTOR, attach_engine_speed
 from reports.metric_adapters import ADAPTERS
 from reports.summary import RunSummary, point_measures
 from reports.verdict.advice import is_undecided, lever_for
