@@ -76,8 +76,7 @@ def measure_peaks(device: str = "auto", dtype: str = "float32", copy_mib: int | 
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                        "cpu" if device == "auto" else device)
     is_cuda = dev.type == "cuda"
-    wanted = tuple(dict.fromkeys((dtype, *(dtypes if dtypes is not None else
-                                           CUDA_DTYPES if is_cuda else CPU_DTYPES))))
+    wanted = tuple(dict.fromkeys((dtype, *(dtypes if dtypes is not None else native_peak_dtypes(dev)))))
     copy_mib = copy_mib or (1024 if is_cuda else 128)
     matmul_n = matmul_n or (8192 if is_cuda else 2048)
     previous_threads = torch.get_num_threads()
@@ -112,6 +111,16 @@ def measure_copy_bandwidth(num_threads: int, copy_mib: int = 128, repeats: int =
                                copy_mib)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def native_peak_dtypes(dev: Any) -> tuple[str, ...]:
+    """The dtypes whose peaks are measured by default: those ``dev`` computes natively (a CPU without AVX512-BF16
+    or AMX emulates bfloat16 GEMMs, far slower than float32: seconds per GEMM, for a roof no lever on it is
+    offered)."""
+    from probes.execution_variants import native_dtypes
+
+    native = native_dtypes(dev)
+    return tuple(d for d in (CUDA_DTYPES if dev.type == "cuda" else CPU_DTYPES) if d in native)
 
 
 class _Timer:

@@ -101,7 +101,11 @@ def test_optimized_cpu_packs_and_reuses_buffers_and_gives_eager_tokens(tiny, dty
     optimized = LLM("dummy:tiny", loaded=loaded, dtype=dtype_name, execution="optimized", device="cpu")
     assert eager.engine.runner.gather_workspace is None
     assert optimized.engine.runner.gather_workspace is not None
-    assert optimized.engine.runner.model.model.layers[0].mlp.down_proj.kind == "onednn-packed"
+    from engine.model.projection import native_bf16_gemm
+
+    # NOTE: bfloat16 is packed only where oneDNN computes it natively (AVX512-BF16 or AMX); elsewhere it stays dense.
+    packs = dtype_name == "float32" or native_bf16_gemm() is not None
+    assert optimized.engine.runner.model.model.layers[0].mlp.down_proj.kind == ("onednn-packed" if packs else "dense")
     eager_out = eager.generate(PROMPTS, GREEDY)
     optimized_out = optimized.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in eager_out] == [o.token_ids for o in optimized_out]

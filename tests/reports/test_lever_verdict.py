@@ -74,20 +74,29 @@ def test_a_run_whose_window_finished_no_request_counts_them_by_progress_and_stil
 
 def test_execution_levers_are_predicted_and_priced_and_a_lever_changing_no_number_shows_no_price(
         tmp_path: Path) -> None:
+    import torch
+
+    from probes.execution_variants import native_dtypes
+
     run_dir = run(tmp_path / "levers", Load(users=8, duration_s=2.0, workload_args=SHORT), {"max_num_seqs": 8},
                   time_paths=True, execution_levers=True)
     result = diagnose(run_dir)
     by_name = {lv["lever"]: lv for lv in result.levers}
-    bf16 = by_name["dtype=bfloat16"]
-    assert bf16["flags"] == "--dtype bfloat16" and bf16["predicted_gain"] is not None
-    assert bf16["changes_numbers"] and 0.0 <= bf16["accuracy"]["agreement"] <= 1.0
-    assert bf16["accuracy"]["max_logit_diff"] > 0 and bf16["price"].startswith("agrees on ")
     for name, lv in by_name.items():
         if not lv["changes_numbers"]:
             assert lv["accuracy"] is None and lv["price"].startswith("none"), name
     assert by_name["attention_backend=torch"]["predicted_gain"] is not None
-    assert set(result.predictions["calibration"]["variants"]) >= {"optimized", "dtype=bfloat16",
-                                                                  "attention_backend=torch"}
+    assert set(result.predictions["calibration"]["variants"]) >= {"optimized", "attention_backend=torch"}
+    if "bfloat16" not in native_dtypes(torch.device("cpu")):
+        # oneDNN would emulate bfloat16 here, so neither it nor the quantized weights (bfloat16 activations) is offered.
+        assert not any(lv["changes_numbers"] for lv in by_name.values()), sorted(by_name)
+        pytest.skip("this CPU has no native bfloat16 GEMM (AVX512-BF16 or AMX): no lever changes the numbers, so "
+                    "none has a price to check")
+    bf16 = by_name["dtype=bfloat16"]
+    assert bf16["flags"] == "--dtype bfloat16" and bf16["predicted_gain"] is not None
+    assert bf16["changes_numbers"] and 0.0 <= bf16["accuracy"]["agreement"] <= 1.0
+    assert bf16["accuracy"]["max_logit_diff"] > 0 and bf16["price"].startswith("agrees on ")
+    assert "dtype=bfloat16" in result.predictions["calibration"]["variants"]
 
 
 @pytest.mark.parametrize("gain", [1.5])

@@ -40,6 +40,18 @@ def test_peaks_are_measured_and_round_trip(tmp_path) -> None:
     assert RunDirectory(tmp_path).read_peaks() == peaks
 
 
+def test_by_default_only_the_dtypes_the_device_computes_natively_are_measured() -> None:
+    import torch
+
+    from engine.model.projection import native_bf16_gemm
+    from probes.peaks import native_peak_dtypes
+
+    cpu = native_peak_dtypes(torch.device("cpu"))
+    assert cpu == (("float32", "bfloat16") if native_bf16_gemm() is not None else ("float32",))
+    peaks = measure_peaks("cpu", "float32", copy_mib=16, matmul_n=128, repeats=1)
+    assert tuple(peaks.flops_by_dtype) == cpu  # an emulated bfloat16 GEMM is not timed
+
+
 def test_peaks_are_measured_per_dtype_and_old_files_still_load() -> None:
     peaks = measure_peaks("cpu", "bfloat16", copy_mib=16, matmul_n=256, repeats=2, dtypes=("float32",))
     assert set(peaks.flops_by_dtype) == set(peaks.bandwidth_by_dtype) == {"float32", "bfloat16"}
