@@ -2,9 +2,10 @@
 
 Each run is a whole capacity search (README's main job unless other ``diagnose`` flags follow ``--``)
 into ``OUT/run-K``. The table gives, per run, when it ran, how long, the load average before it,
-the capacity with its interval, the throughput there with its interval, and the verdict; then the
-spread over the runs: the capacities in search steps apart (over the users any run measured), the
-throughput at capacity as max/min and as ± around the mean, and whether the verdict agreed. Each
+the capacity with its interval, the throughput there with its interval, the throughput the curve
+saturates at with its interval, and the verdict; then the spread over the runs: the capacities in
+search steps apart (over the users any run measured), the throughput at capacity and the saturation
+throughput as max/min and as ± around the mean, and whether the verdict agreed. Each
 point's throughput in every run follows, so a disagreement can be traced to the points behind it.
 ``OUT/repeatability.json`` keeps all of it.
 
@@ -55,6 +56,9 @@ class RunResult:
     output_tokens_per_s: float | None
     output_tokens_per_s_low: float | None
     output_tokens_per_s_high: float | None
+    saturation: float | None  # the level the curve saturates at (reports.capacity.saturation)
+    saturation_low: float | None
+    saturation_high: float | None
     verdict: str | None
     verdict_at: str | None  # the point the verdict was read at
     deciding: list[str]  # the evidence that decided it: "name value (comparison threshold)"
@@ -71,10 +75,13 @@ def read_run(run: int, out: Path, started_utc: str, wall_s: float, load_before: 
     diagnosis: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     c = diagnosis.get("capacity") or {}
     interval, rate = c.get("interval") or {}, c.get("output_tokens_per_s_interval") or {}
+    level = c.get("saturation_tokens_per_s_interval") or {}
     return RunResult(run=run, started_utc=started_utc, wall_s=wall_s, load_before=load_before, returncode=returncode,
                      capacity=c.get("concurrency"), capacity_low=interval.get("low"), capacity_high=interval.get("high"),
                      output_tokens_per_s=c.get("output_tokens_per_s"), output_tokens_per_s_low=rate.get("low"),
-                     output_tokens_per_s_high=rate.get("high"), verdict=diagnosis.get("bottleneck"),
+                     output_tokens_per_s_high=rate.get("high"), saturation=c.get("saturation_tokens_per_s"),
+                     saturation_low=level.get("low"), saturation_high=level.get("high"),
+                     verdict=diagnosis.get("bottleneck"),
                      verdict_at=diagnosis.get("label"),
                      deciding=[f"{e['name']} {e['value']:.3g} ({e['comparison']} {e['threshold']:.3g})"
                                for e in diagnosis.get("evidence", []) if e["name"] in diagnosis.get("deciding", [])
@@ -112,27 +119,35 @@ def spread(results: list[RunResult]) -> dict[str, Any]:
     capacities = [r.capacity for r in results if r.capacity is not None]
     steps = [grid.index(c) for c in capacities if c in grid]
     rates = [r.output_tokens_per_s for r in results if r.output_tokens_per_s is not None]
+    levels = [r.saturation for r in results if r.saturation is not None]
     verdicts = [r.verdict for r in results]
-    mean = statistics.fmean(rates) if rates else None
     return {"num_runs": len(results), "capacities": [r.capacity for r in results],
             "capacity_steps_apart": max(steps) - min(steps) if steps else None,
-            "output_tokens_per_s": rates,
-            "output_tokens_per_s_max_over_min": max(rates) / min(rates) if rates and min(rates) > 0 else None,
-            "output_tokens_per_s_within": max(abs(r - mean) for r in rates) / mean if mean else None,
+            "output_tokens_per_s": rates, **_rate_spread("output_tokens_per_s", rates),
+            "saturation_tokens_per_s": levels, **_rate_spread("saturation_tokens_per_s", levels),
             "verdicts": verdicts, "same_verdict": len(set(verdicts)) == 1}
+
+
+def _rate_spread(name: str, rates: list[float]) -> dict[str, float | None]:
+    """``rates``' max over min and their largest distance from their mean, as a share of it."""
+    mean = statistics.fmean(rates) if rates else None
+    return {f"{name}_max_over_min": max(rates) / min(rates) if rates and min(rates) > 0 else None,
+            f"{name}_within": max(abs(r - mean) for r in rates) / mean if mean else None}
 
 
 def _spread_line(s: dict[str, Any]) -> str:
     """The capacity and throughput spread in words; runs that named no capacity are counted, not averaged in."""
     unnamed = sum(c is None for c in s["capacities"])
+    level = (f"; saturation throughput max/min {s['saturation_tokens_per_s_max_over_min']:.3f}, within "
+             f"±{s['saturation_tokens_per_s_within']:.1%} of the mean" if len(s["saturation_tokens_per_s"]) > 1 else "")
     if unnamed >= s["num_runs"] - 1:
         named = s["num_runs"] - unnamed
         return (f"{named} of {s['num_runs']} runs named a capacity ({s['capacities']} users): nothing to compare "
-                f"a spread with")
+                f"a spread with{level}")
     line = (f"capacity {s['capacities']} users, {s['capacity_steps_apart']} search steps apart; throughput at "
             f"capacity max/min {s['output_tokens_per_s_max_over_min']:.3f}, within "
             f"±{s['output_tokens_per_s_within']:.1%} of the mean")
-    return line + (f" ({unnamed} of {s['num_runs']} runs named no capacity and are left out)" if unnamed else "")
+    return line + level + (f" ({unnamed} of {s['num_runs']} runs named no capacity and are left out)" if unnamed else "")
 
 
 @contextlib.contextmanager
@@ -163,14 +178,18 @@ def run_once(run: int, out: Path, diagnose_args: list[str], lock: Path | None) -
 def results_table(results: list[RunResult], s: dict[str, Any], command: str) -> Table:
     table = Table(title=f"{command}: {s['num_runs']} runs")
     for column in ("run", "started", "wall", "load before", "capacity (95%)", "output tok/s at capacity (95%)",
-                   "verdict"):
+                   "saturates at, tok/s (95%)", "verdict"):
         table.add_column(column, justify="right")
     for r in results:
         capacity = "-" if r.capacity is None else f"{r.capacity} ({r.capacity_low}-{r.capacity_high})"
         rate = "-" if r.output_tokens_per_s is None else (
             f"{r.output_tokens_per_s:.1f} ({r.output_tokens_per_s_low:.1f}-{r.output_tokens_per_s_high:.1f})"
             if r.output_tokens_per_s_low is not None else f"{r.output_tokens_per_s:.1f}")
+        level = "-" if r.saturation is None else (
+            f"{r.saturation:.1f} ({r.saturation_low:.1f}-{r.saturation_high:.1f})"
+            if r.saturation_low is not None else f"{r.saturation:.1f}")
         table.add_row(str(r.run), r.started_utc, f"{r.wall_s / 60:.1f} min", f"{r.load_before:.2f}", capacity, rate,
+                      level,
                       f"{r.verdict} at {r.verdict_at}: {'; '.join(r.deciding) or '-'}")
     return table
 

@@ -3,10 +3,11 @@
 Each point of a search measured its output tokens/s with a batch-means interval
 (:mod:`reports.capacity.interval`). A parametric bootstrap redraws every point at once, each from a
 Student t around its value with its own standard error and degrees of freedom, and makes the
-capacity choice again on the redrawn curve (the knee, else the plateau; ``reports.capacity.result``). The
+capacity choice again on the redrawn curve (``reports.capacity.saturation``). The
 capacity's interval is the range the central ``confidence`` of those choices fall in, in measured
 users. When that range spans more than ``MAX_SPREAD`` (in users, high over low), the points cannot
-be told apart well enough to name a capacity, and the result says so instead of picking one.
+be told apart well enough to name a capacity, and the result says so instead of picking one. The
+saturation throughput's interval is the central ``confidence`` of the same redrawn curves' levels.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from reports.capacity.interval import CONFIDENCE, RateInterval, student_t_quantile
+from reports.capacity.saturation import saturation_throughput
 
 NUM_RESAMPLES = 400
 # The capacity is not named when its interval's high end is more than this many times its low end:
@@ -61,13 +63,7 @@ def capacity_interval(users: Sequence[int], intervals: Sequence[RateInterval], e
     capacity from the measured values was ``estimate`` users; ``choose`` makes the choice on one curve."""
     if len(users) != len(intervals) or not users:
         raise ValueError(f"need one interval per point, got {len(users)} points and {len(intervals)} intervals")
-    rng = np.random.default_rng(seed)
-    values = np.array([i.value for i in intervals])
-    errors = [standard_error(i) for i in intervals]
-    se = np.array([e for e, _ in errors])
-    # NOTE: every point's draw is independent: each measured its own window.
-    draws = values + se * np.column_stack([rng.standard_t(dof, num_resamples) for _, dof in errors])
-    chosen = [choose(list(users), list(row)) for row in draws]
+    chosen = [choose(list(users), list(row)) for row in redraw(intervals, num_resamples, seed)]
     picked = np.array([c for c in chosen if c is not None], dtype=float)
     if len(picked) == 0:
         return CapacityInterval(estimate, estimate, confidence, 0.0, num_resamples, False)
@@ -77,3 +73,27 @@ def capacity_interval(users: Sequence[int], intervals: Sequence[RateInterval], e
     share = float(np.mean(picked == estimate)) * len(picked) / num_resamples
     return CapacityInterval(min(low, estimate), max(high, estimate), confidence, share, num_resamples,
                             max(high, estimate) <= MAX_SPREAD * min(low, estimate))
+
+
+def redraw(intervals: Sequence[RateInterval], num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """``num_resamples`` curves (rows), each point drawn from a Student t around its value with its own
+    standard error and degrees of freedom."""
+    rng = np.random.default_rng(seed)
+    values = np.array([i.value for i in intervals])
+    errors = [standard_error(i) for i in intervals]
+    se = np.array([e for e, _ in errors])
+    # NOTE: every point's draw is independent: each measured its own window.
+    return values + se * np.column_stack([rng.standard_t(dof, num_resamples) for _, dof in errors])
+
+
+def saturation_interval(intervals: Sequence[RateInterval], confidence: float = CONFIDENCE,
+                        num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> dict[str, float]:
+    """The saturation throughput (``reports.capacity.saturation``) of the points with throughput ``intervals`` (in
+    order of users) and the central ``confidence`` of the same level over their redrawn curves."""
+    if not intervals:
+        raise ValueError("no points")
+    levels = [saturation_throughput(row) for row in redraw(intervals, num_resamples, seed)]
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(levels, [tail, 1 - tail])
+    return {"value": saturation_throughput([i.value for i in intervals]), "low": float(low), "high": float(high),
+            "confidence": confidence}

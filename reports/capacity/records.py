@@ -96,7 +96,7 @@ class Capacity:
     concurrency: int | None
     output_tokens_per_s: float | None
     goodput: float | None
-    method: str  # slo, knee or plateau
+    method: str  # slo, plateau, or undetermined (the points cannot be told apart)
     reason: str  # the capacity in words
     limit: Limit | None
     limit_evidence: str
@@ -114,6 +114,8 @@ class Capacity:
     slo: dict[str, Any] = field(default_factory=dict)
     interval: dict[str, Any] | None = None  # the capacity's range in users (CapacityInterval.to_dict())
     output_tokens_per_s_interval: dict[str, float | int] | None = None  # the capacity point's RateInterval
+    saturation_tokens_per_s: float | None = None  # the level the curve saturates at (reports.capacity.saturation)
+    saturation_tokens_per_s_interval: dict[str, float] | None = None  # its bootstrap interval (value, low, high)
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)

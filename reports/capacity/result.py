@@ -2,9 +2,10 @@
 
 :func:`capacity_result` reads the search's points back (reports.capacity.records) and decides the
 capacity: with an SLO, the highest concurrency whose SLO attainment holds (Wilson interval shown);
-else the knee of throughput against concurrency (reports.capacity.knee), or, with no knee, the
-lightest point within ``PLATEAU_SHARE`` of the best throughput. What limits it is found by
-experiment from the outside (reports.capacity.limit).
+else the fewest users within ``PLATEAU_SHARE`` of the saturation throughput, the level the curve's
+non-decreasing fit tops out at (reports.capacity.saturation; the knee fit of reports.capacity.knee
+is kept beside it to describe the curve's bend). What limits it is found by experiment from the
+outside (reports.capacity.limit).
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ from typing import Any
 
 from probes.peaks import MachinePeaks
 from probes.run_dir import RunDirectory
-from reports.capacity.bootstrap import CapacityInterval, capacity_interval
-from reports.capacity.knee import KneeFit, fit_knee
+from reports.capacity.bootstrap import CapacityInterval, capacity_interval, saturation_interval
+from reports.capacity.knee import fit_knee
 from reports.capacity.limit import capacity_limit, serial_gain, tokens_experiment
 from reports.capacity.point import capacity_point
 from reports.capacity.records import Capacity, CapacityPoint, CapacitySearch
+from reports.capacity.saturation import PLATEAU_SHARE, choose_users, plateau_start, saturation_throughput
 from reports.dataset import RunDataset
 from reports.summary import PointMeasures
-
-# Without a knee, the capacity is the lightest point within this share of the best throughput.
-PLATEAU_SHARE = 0.9
 
 
 def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset],
@@ -33,7 +32,7 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     rated = [p for p in cps if p.output_tokens_per_s is not None]
     knee = fit_knee([p.users for p in rated], [p.output_tokens_per_s for p in rated])  # type: ignore[misc]
     slo = dict(points[0].load_config.get("slo") or {}) if points else {}
-    chosen, method, reason = _choose(cps, rated, knee, slo, search.slo_attainment)
+    chosen, method, reason = _choose(cps, rated, slo, search.slo_attainment)
     interval = None
     if chosen is not None and method != "slo":
         interval = _interval(rated, chosen.users)
@@ -51,6 +50,11 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       probed=search.probed, failed_at_users=(search.failed_at or {}).get("users"),
                       interval=interval.to_dict() if interval is not None else None,
                       output_tokens_per_s_interval=chosen.output_tokens_per_s_interval if chosen else None)
+    if rated and method != "slo":
+        result.saturation_tokens_per_s = saturation_throughput([p.output_tokens_per_s for p in rated])  # type: ignore[misc]
+        intervals = [p.interval for p in rated]
+        if all(i is not None for i in intervals):
+            result.saturation_tokens_per_s_interval = saturation_interval(intervals)  # type: ignore[arg-type]
     by_users = {p.users: p for p in rated}
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
     streams = [p.decoding_streams for p in cps if p.decoding_streams is not None]
@@ -67,7 +71,7 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     return result
 
 
-def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], knee: KneeFit, slo: dict[str, float],
+def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], slo: dict[str, float],
             target: float) -> tuple[CapacityPoint | None, str, str]:
     if slo:
         holding = [p for p in cps if p.slo_attainment is not None and p.slo_attainment["value"] >= target]
@@ -80,22 +84,12 @@ def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], knee: KneeFit,
                              f"(95% Wilson interval {a['low']:.0%}-{a['high']:.0%}; target {target:.0%})")
     if not rated:
         return None, "plateau", "no point measured any output"
-    users = choose_users([p.users for p in rated], [p.output_tokens_per_s for p in rated], knee)  # type: ignore[misc]
-    point = next(p for p in rated if p.users == users)
-    if knee.has_knee:
-        return point, "knee", f"the knee of throughput against users: {knee.reason}"
-    return point, "plateau", (f"{knee.reason}; the capacity is the fewest users within {PLATEAU_SHARE:.0%} of the "
-                              f"best throughput measured")
-
-
-def choose_users(users: list[int], throughputs: list[float], knee: KneeFit | None = None) -> int:
-    """The capacity of one throughput curve, in users: its knee (``knee``, else fitted), or without one the
-    fewest users within ``PLATEAU_SHARE`` of the best throughput."""
-    knee = knee if knee is not None else fit_knee(users, throughputs)  # type: ignore[arg-type]
-    if knee.has_knee and knee.breakpoint is not None:
-        return int(knee.breakpoint)
-    top = max(throughputs)
-    return min(u for u, t in zip(users, throughputs, strict=True) if t >= PLATEAU_SHARE * top)
+    users, tputs = [p.users for p in rated], [p.output_tokens_per_s for p in rated]
+    point = next(p for p in rated if p.users == choose_users(users, tputs))  # type: ignore[arg-type]
+    level, start = saturation_throughput(tputs), plateau_start(users, tputs)  # type: ignore[arg-type]
+    pooled = f"the mean of the points from {start} users on" if start != users[-1] else f"the point at {start} users"
+    return point, "plateau", (f"the fewest users within {PLATEAU_SHARE:.0%} of the throughput the curve saturates at, "
+                              f"{level:.4g} tok/s ({pooled}, the curve made non-decreasing in users)")
 
 
 def _interval(rated: list[CapacityPoint], estimate: int) -> CapacityInterval | None:

@@ -12,6 +12,7 @@ from reports.capacity.knee import KneeFit
 from reports.capacity.limit import LIMIT_BOTTLENECK
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.records import Capacity
+from reports.capacity.saturation import PLATEAU_SHARE, monotone_fit
 from reports.html.sections import Block, ReportContext, Section, note, table
 from reports.levers.engine_speed import SLOWED_FACTOR
 
@@ -21,13 +22,14 @@ _LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b"
 def headline(capacity: dict[str, Any]) -> list[str]:
     """The capacity and what limits it, in sentences (the console and the report lead with these)."""
     n, tput, good = capacity["concurrency"], capacity["output_tokens_per_s"], capacity["goodput"]
+    level = saturation_words(capacity)
     if n is None:
-        first = f"Capacity: not found ({capacity['reason']})"
+        first = f"Capacity: not found ({capacity['reason']})" + (f"; {level}" if level else "")
     else:
         goodput = f", goodput {good:.3g} good requests/s" if good is not None else ""
         first = (f"Capacity: {n} concurrent users{users_range(capacity.get('interval'))}, "
-                 f"{rate_words(tput, capacity.get('output_tokens_per_s_interval'))} output tokens/s{goodput} "
-                 f"({capacity['reason']})")
+                 f"{rate_words(tput, capacity.get('output_tokens_per_s_interval'))} output tokens/s there{goodput}"
+                 f"{'; ' + level if level else ''} ({capacity['reason']})")
     limit = capacity["limit"]
     if limit:
         second = f"What limits it: {limit} ({LIMIT_BOTTLENECK[limit]}): {capacity['limit_evidence']}"
@@ -65,6 +67,15 @@ def users_range(interval: dict[str, Any] | None) -> str:
     return f" ({interval['low']}-{interval['high']})"
 
 
+def saturation_words(capacity: dict[str, Any]) -> str:
+    """``saturates at 104 (99-109) output tokens/s``: the curve's level with its range, or nothing without one."""
+    level = capacity.get("saturation_tokens_per_s")
+    if level is None:
+        return ""
+    span = capacity.get("saturation_tokens_per_s_interval")
+    return f"saturates at {level:.4g}" + (f" ({span['low']:.4g}-{span['high']:.4g})" if span else "") + " output tokens/s"
+
+
 def rate_words(value: float | None, interval: dict[str, Any] | None) -> str:
     """``110 ± 4``: a throughput and half its interval's width, or the value alone without one."""
     if value is None:
@@ -75,7 +86,8 @@ def rate_words(value: float | None, interval: dict[str, Any] | None) -> str:
 
 
 def capacity_figure(capacity: Capacity) -> go.Figure | None:
-    """Output throughput at each searched point, the two-segment fit, the capacity, and SLO attainment."""
+    """Output throughput at each searched point, its non-decreasing fit and saturation level, the two-segment fit,
+    the capacity, and SLO attainment."""
     points = [p for p in capacity.points if p.output_tokens_per_s is not None]
     if not points:
         return None
@@ -92,9 +104,16 @@ def capacity_figure(capacity: Capacity) -> go.Figure | None:
     fig.add_trace(go.Scatter(x=xs, y=[p.output_tokens_per_s for p in points], mode="markers",
                              name="measured (95% interval)" if error_y else "measured", marker={"size": 9},
                              error_y=error_y), secondary_y=False)
+    fig.add_trace(go.Scatter(x=xs, y=monotone_fit([p.output_tokens_per_s for p in points]), mode="lines",
+                             name="non-decreasing fit", line={"shape": "hv"}), secondary_y=False)
     fit = _fit_trace(capacity.knee, xs)
     if fit is not None:
         fig.add_trace(fit, secondary_y=False)
+    if capacity.saturation_tokens_per_s is not None:
+        fig.add_hline(y=capacity.saturation_tokens_per_s, line_dash="dot",
+                      annotation_text=f"saturates at {capacity.saturation_tokens_per_s:.4g}")
+        fig.add_hline(y=PLATEAU_SHARE * capacity.saturation_tokens_per_s, line_dash="dot", line_color="grey",
+                      annotation_text=f"{PLATEAU_SHARE:.0%} of it", annotation_position="bottom right")
     if capacity.interval is not None and capacity.interval["low"] != capacity.interval["high"]:
         fig.add_vrect(x0=capacity.interval["low"], x1=capacity.interval["high"], fillcolor="grey", opacity=0.12,
                       line_width=0, annotation_text=f"capacity {capacity.interval['confidence']:.0%} range",
@@ -143,7 +162,8 @@ class CapacitySection(Section):
                           "SLO attainment (95% CI)", "goodput req/s", "engine's decode time over its calibration"],
                          rows,
                          highlight=[p.users == capacity.concurrency for p in capacity.points]))
-        out.append(ctx.figure(capacity_figure(capacity), f"Knee fit: {capacity.knee.reason}"))
+        out.append(ctx.figure(capacity_figure(capacity), f"The capacity: {capacity.reason}. Knee fit (the bend, "
+                                                         f"drawn for reading): {capacity.knee.reason}"))
         t = capacity.tokens
         if t is not None:
             out.append(table(["users", "tokens per request (x)", "decoding streams (x)", "exponent", "limit"],

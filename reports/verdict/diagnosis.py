@@ -203,14 +203,18 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     # NOTE: the focus point's facts with the sweep's evidence added; its roofline is not recomputed.
     facts = dataclasses.replace(point_facts[focus], sweep=sweep, capacity=capacity)
     diagnosis = decide(facts, points[focus].label) if sweep is not None or capacity else verdicts[focus]
-    if capacity is not None and is_undecided(diagnosis.bottleneck, facts):
+    slowed = slowed_users(capacity) if capacity is not None else {}
+    focus_slowed = slowed.get(int(points[focus].concurrency or 0))
+    if capacity is not None and (is_undecided(diagnosis.bottleneck, facts) or focus_slowed is not None):
         lighter = decided_lighter_point(focus, points, point_facts, sweep, capacity)
         if lighter is not None:
             first = points[focus].label
             focus, facts, diagnosis, passed_over = lighter
-            why = (f"at {first}, where the capacity's rules read the verdict, which limit binds was undecided "
-                   f"(requests queued, yet no bottleneck's evidence was complete); {points[focus].label} is the "
-                   f"heaviest lighter point whose evidence decides it")
+            at_first = (f"the host ran the engine slower ({focus_slowed:.2f}x the search's median point), so its "
+                        f"reading is not this server's" if focus_slowed is not None else
+                        "which limit binds was undecided (requests queued, yet no bottleneck's evidence was complete)")
+            why = (f"at {first}, where the capacity's rules read the verdict, {at_first}; {points[focus].label} is "
+                   f"the heaviest lighter point whose evidence decides it")
             if passed_over:
                 why += f" ({', '.join(passed_over)} passed over: the host ran the engine slower there)"
             diagnosis.metrics["verdict_point"] = {"label": points[focus].label, "instead_of": first, "why": why}
@@ -242,7 +246,7 @@ def decided_lighter_point(focus: int, points: list[RunDataset], point_facts: lis
     its index, facts and verdict, and the labels of the points passed over because the host ran the engine slower
     under them (``engine_slowdown`` at :data:`SLOWED_FACTOR` or more). None when the first point on the way down
     that is not undecided names no limit (the offered load was the limit there), or no point does."""
-    slowed = {p.users for p in capacity.points if (p.engine_slowdown or 0) >= SLOWED_FACTOR}
+    slowed = slowed_users(capacity)
     passed_over = []
     for i in range(focus - 1, -1, -1):
         if int(points[i].concurrency or 0) in slowed:
@@ -254,6 +258,13 @@ def decided_lighter_point(focus: int, points: list[RunDataset], point_facts: lis
             continue
         return (i, facts, diagnosis, passed_over) if diagnosis.bottleneck != "none" else None
     return None
+
+
+def slowed_users(capacity: Capacity) -> dict[int, float]:
+    """The search's points the host ran the engine slower under (``engine_slowdown`` at :data:`SLOWED_FACTOR` or
+    more), by users, with that slowdown."""
+    return {p.users: p.engine_slowdown for p in capacity.points
+            if p.engine_slowdown is not None and p.engine_slowdown >= SLOWED_FACTOR}
 
 
 def no_verdict(health: RunHealth, facts: Facts, label: str = "") -> Diagnosis:
