@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from reports.capacity.interval import CONFIDENCE, RateInterval, student_t_quantile
-from reports.capacity.saturation import saturation_throughput
+from reports.capacity.saturation import choose_users, precision_weights, saturation_throughput
 
 NUM_RESAMPLES = 400
 # The capacity is not named when its interval's high end is more than this many times its low end:
@@ -86,14 +86,28 @@ def redraw(intervals: Sequence[RateInterval], num_resamples: int = NUM_RESAMPLES
     return values + se * np.column_stack([rng.standard_t(dof, num_resamples) for _, dof in errors])
 
 
+def weights_of(intervals: Sequence[RateInterval]) -> list[float] | None:
+    """The points' precision weights (``reports.capacity.saturation.precision_weights``) from their intervals."""
+    return precision_weights([standard_error(i)[0] for i in intervals])
+
+
+def weighted_choice(intervals: Sequence[RateInterval]) -> Choose:
+    """The capacity choice on a curve whose points are weighted by the precision of ``intervals`` (the measured
+    ones: a redrawn curve keeps its points' weights)."""
+    weights = weights_of(intervals)
+    return lambda users, throughputs: choose_users(users, throughputs, weights)
+
+
 def saturation_interval(intervals: Sequence[RateInterval], confidence: float = CONFIDENCE,
                         num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> dict[str, float]:
-    """The saturation throughput (``reports.capacity.saturation``) of the points with throughput ``intervals`` (in
-    order of users) and the central ``confidence`` of the same level over their redrawn curves."""
+    """The saturation throughput (``reports.capacity.saturation``, its points weighted by their precision) of the
+    points with throughput ``intervals`` (in order of users) and the central ``confidence`` of the same level
+    over their redrawn curves."""
     if not intervals:
         raise ValueError("no points")
-    levels = [saturation_throughput(row) for row in redraw(intervals, num_resamples, seed)]
+    weights = weights_of(intervals)
+    levels = [saturation_throughput(row, weights) for row in redraw(intervals, num_resamples, seed)]
     tail = (1 - confidence) / 2
     low, high = np.quantile(levels, [tail, 1 - tail])
-    return {"value": saturation_throughput([i.value for i in intervals]), "low": float(low), "high": float(high),
-            "confidence": confidence}
+    return {"value": saturation_throughput([i.value for i in intervals], weights), "low": float(low),
+            "high": float(high), "confidence": confidence}

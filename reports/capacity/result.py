@@ -15,7 +15,13 @@ from typing import Any
 
 from probes.peaks import MachinePeaks
 from probes.run_dir import RunDirectory
-from reports.capacity.bootstrap import CapacityInterval, capacity_interval, saturation_interval
+from reports.capacity.bootstrap import (
+    CapacityInterval,
+    capacity_interval,
+    saturation_interval,
+    weighted_choice,
+    weights_of,
+)
 from reports.capacity.knee import fit_knee
 from reports.capacity.limit import capacity_limit, serial_gain, tokens_experiment
 from reports.capacity.point import capacity_point
@@ -51,7 +57,8 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       interval=interval.to_dict() if interval is not None else None,
                       output_tokens_per_s_interval=chosen.output_tokens_per_s_interval if chosen else None)
     if rated and method != "slo":
-        result.saturation_tokens_per_s = saturation_throughput([p.output_tokens_per_s for p in rated])  # type: ignore[misc]
+        result.saturation_tokens_per_s = saturation_throughput([p.output_tokens_per_s for p in rated],  # type: ignore[misc]
+                                                               _weights(rated))
         intervals = [p.interval for p in rated]
         if all(i is not None for i in intervals):
             result.saturation_tokens_per_s_interval = saturation_interval(intervals)  # type: ignore[arg-type]
@@ -84,12 +91,19 @@ def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], slo: dict[str,
                              f"(95% Wilson interval {a['low']:.0%}-{a['high']:.0%}; target {target:.0%})")
     if not rated:
         return None, "plateau", "no point measured any output"
-    users, tputs = [p.users for p in rated], [p.output_tokens_per_s for p in rated]
-    point = next(p for p in rated if p.users == choose_users(users, tputs))  # type: ignore[arg-type]
-    level, start = saturation_throughput(tputs), plateau_start(users, tputs)  # type: ignore[arg-type]
-    pooled = f"the mean of the points from {start} users on" if start != users[-1] else f"the point at {start} users"
+    users, tputs, weights = [p.users for p in rated], [p.output_tokens_per_s for p in rated], _weights(rated)
+    point = next(p for p in rated if p.users == choose_users(users, tputs, weights))  # type: ignore[arg-type]
+    level, start = saturation_throughput(tputs, weights), plateau_start(users, tputs, weights)  # type: ignore[arg-type]
+    mean = "mean" if weights is None else "mean, weighted by their precision,"
+    pooled = f"the {mean} of the points from {start} users on" if start != users[-1] else f"the point at {start} users"
     return point, "plateau", (f"the fewest users within {PLATEAU_SHARE:.0%} of the throughput the curve saturates at, "
                               f"{level:.4g} tok/s ({pooled}, the curve made non-decreasing in users)")
+
+
+def _weights(rated: list[CapacityPoint]) -> list[float] | None:
+    """The points' precision weights, None (equal) unless every point has its interval."""
+    intervals = [p.interval for p in rated]
+    return weights_of(intervals) if all(i is not None for i in intervals) else None  # type: ignore[arg-type]
 
 
 def _interval(rated: list[CapacityPoint], estimate: int) -> CapacityInterval | None:
@@ -97,7 +111,7 @@ def _interval(rated: list[CapacityPoint], estimate: int) -> CapacityInterval | N
     intervals = [p.interval for p in rated]
     if any(i is None for i in intervals):
         return None
-    return capacity_interval([p.users for p in rated], intervals, estimate, choose_users)  # type: ignore[arg-type]
+    return capacity_interval([p.users for p in rated], intervals, estimate, weighted_choice(intervals))  # type: ignore[arg-type]
 
 
 def single_stream(point: CapacityPoint | None, points: list[RunDataset], search: CapacitySearch,

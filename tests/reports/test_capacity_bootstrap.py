@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports.capacity.bootstrap import capacity_interval, saturation_interval
+from reports.capacity.bootstrap import capacity_interval, saturation_interval, weighted_choice
 from reports.capacity.interval import RateInterval, student_t_quantile
 from reports.capacity.saturation import choose_users, saturation_throughput
 
@@ -33,8 +33,8 @@ def _coverage(curve: dict[int, float], relative_se: float, num_searches: int) ->
     held = 0
     for search in range(num_searches):
         values, intervals = _measured(rng, curve, relative_se)
-        interval = capacity_interval(USERS, intervals, choose_users(USERS, values), choose_users, num_resamples=100,
-                                     seed=search)
+        choose = weighted_choice(intervals)  # as a search's capacity is chosen: points weighted by their precision
+        interval = capacity_interval(USERS, intervals, choose(USERS, values), choose, num_resamples=100, seed=search)
         held += interval.low <= truth <= interval.high
     return held / num_searches, truth
 

@@ -69,3 +69,19 @@ def test_bad_input_is_refused() -> None:
         choose_users([1, 2], [1.0])
     with pytest.raises(ValueError, match="no throughputs"):
         saturation_throughput([])
+
+
+def test_points_are_weighted_by_their_precision() -> None:
+    from reports.capacity.saturation import precision_weights
+
+    assert monotone_fit([10.0, 30.0, 20.0], [1.0, 1.0, 3.0]).tolist() == [10.0, 22.5, 22.5]
+    # A heaviest point known to ±60 tok/s that reads low barely moves the plateau two precise points set.
+    users, tputs = [1, 2, 4, 8, 16], [30.0, 60.0, 100.0, 104.0, 70.0]
+    weights = precision_weights([1.0, 1.0, 2.0, 2.0, 30.0])
+    assert saturation_throughput(tputs) == pytest.approx((100.0 + 104.0 + 70.0) / 3)
+    assert saturation_throughput(tputs, weights) == pytest.approx((104.0 / 4 + 70.0 / 900) / (1 / 4 + 1 / 900))
+    assert choose_users(users, tputs, weights) == 4
+    assert precision_weights([1.0, None]) is None and precision_weights([]) is None
+    assert precision_weights([2.0, 0.0]) == [0.25, 1 / 0.02 ** 2]  # a zero-width interval: a hundredth of the least
+    with pytest.raises(ValueError, match="positive weight"):
+        monotone_fit([1.0, 2.0], [1.0, 0.0])
