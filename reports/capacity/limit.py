@@ -92,9 +92,11 @@ def capacity_limit(c: Capacity) -> tuple[Limit | None, str]:
         return t.limit, (f"at {t.users} users, {t.token_ratio:.1f}x the tokens per request gave {t.streams_ratio:.2f}x "
                          f"the decoding streams; the same number of requests kept decoding: a seat limit (max sequences)")
     if c.method == "undetermined":
-        return None, ("no capacity was named (its points cannot be told apart), so no point past it is read; the "
-                      "verdict is read at the heaviest point (where that one leaves the limit undecided, at the "
-                      "heaviest lighter one that decides it)")
+        where = (f"past the measured curve's own estimate, at {c.past_knee_users} users" if c.past_knee_users is not None
+                 else "at the heaviest point")
+        return None, (f"no capacity was named (its points cannot be told apart), so no capacity rule is read; the "
+                      f"verdict is read {where} (where that point leaves the limit undecided, or the host ran the "
+                      f"engine slower there, at the heaviest lighter one that decides it)")
     if c.queue_share_past_knee is not None and c.probed:
         return None, (f"past the capacity {c.queue_share_past_knee:.0%} of the open requests were decoding: requests "
                       f"queue; the engine's probes say why (the verdict, read at {c.past_knee_users} users)")

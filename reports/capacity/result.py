@@ -39,7 +39,7 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     knee = fit_knee([p.users for p in rated], [p.output_tokens_per_s for p in rated])  # type: ignore[misc]
     slo = dict(points[0].load_config.get("slo") or {}) if points else {}
     chosen, method, reason = _choose(cps, rated, slo, search.slo_attainment)
-    interval = None
+    interval, estimate = None, chosen
     if chosen is not None and method != "slo":
         interval = _interval(rated, chosen.users)
         if interval is not None and not interval.is_told_apart:
@@ -66,6 +66,11 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
     streams = [p.decoding_streams for p in cps if p.decoding_streams is not None]
     result.max_decoding_streams = max(streams) if streams else None
+    if chosen is None and estimate is not None:
+        # NOTE: no capacity named, yet the curve's own estimate is still the best guess of where the limit binds:
+        # the verdict is read past it (not at the heaviest point, where requests queue behind the seats whatever
+        # holds the server); no capacity rule reads that point, as no capacity was named.
+        result.past_knee_users = next((p.users for p in cps if p.users > estimate.users), None)
     if chosen is not None:
         past = next((p for p in cps if p.users > chosen.users), None)
         if past is not None:

@@ -181,6 +181,9 @@ def _why_there(capacity: Capacity, metrics: dict[str, Any]) -> str:
         return moved["why"]
     if capacity.failed_at_users is not None:
         return "where requests began to fail from overload (their failures say which limit)"
+    if capacity.past_knee_users is not None and capacity.concurrency is None:
+        return ("the first point past the measured curve's own capacity estimate (no capacity was named: the points "
+                "cannot be told apart), where the limit most likely binds")
     if capacity.past_knee_users is not None:
         return "the first point past the capacity, where its limit binds (at the capacity itself it only starts to)"
     return "the capacity point" if capacity.concurrency is not None else "the heaviest point"

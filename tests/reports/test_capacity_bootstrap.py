@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,11 @@ def test_a_search_whose_points_cannot_be_told_apart_names_no_capacity(tmp_path) 
     capacity = _capacity(_search_dir(tmp_path, seats, 1.0, seed=2))  # each second off by ±100%
     assert capacity.concurrency is None and capacity.method == "undetermined"
     assert "cannot be told apart" in capacity.reason
+    # The verdict is still read past the curve's own estimate, not at the heaviest point; no capacity rule reads it.
+    from reports.capacity.result import focus_users
+
+    estimate = int(re.search(r"the measured curve alone gives (\d+)", capacity.reason).group(1))
+    past = min(u for u in seats if u > estimate)
+    assert capacity.past_knee_users == past == focus_users(capacity, sorted(seats))
+    assert capacity.queue_share_past_knee is None and capacity.limit is None
+    assert f"past the measured curve's own estimate, at {past} users" in capacity.limit_evidence
