@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from reports.capacity.bootstrap import weights_of
 from reports.capacity.knee import KneeFit
 from reports.capacity.limit import LIMIT_BOTTLENECK
 from reports.capacity.other_load import BUSY_CORES
@@ -104,8 +105,11 @@ def capacity_figure(capacity: Capacity) -> go.Figure | None:
     fig.add_trace(go.Scatter(x=xs, y=[p.output_tokens_per_s for p in points], mode="markers",
                              name="measured (95% interval)" if error_y else "measured", marker={"size": 9},
                              error_y=error_y), secondary_y=False)
-    fig.add_trace(go.Scatter(x=xs, y=monotone_fit([p.output_tokens_per_s for p in points]), mode="lines",
-                             name="non-decreasing fit", line={"shape": "hv"}), secondary_y=False)
+    rated = [p.interval for p in points]
+    weights = weights_of(rated) if all(i is not None for i in rated) else None  # type: ignore[arg-type]
+    fig.add_trace(go.Scatter(x=xs, y=monotone_fit([p.output_tokens_per_s for p in points], weights), mode="lines",
+                             name="non-decreasing fit (weighted)" if weights else "non-decreasing fit"),
+                  secondary_y=False)
     fit = _fit_trace(capacity.knee, xs)
     if fit is not None:
         fig.add_trace(fit, secondary_y=False)

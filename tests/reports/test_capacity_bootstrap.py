@@ -157,7 +157,10 @@ def test_a_search_reports_its_capacity_with_both_intervals(tmp_path) -> None:
         assert p.measured_s == 40.0 and p.output_tokens_per_s_interval is not None
     first = headline(capacity.to_dict())[0]
     assert f"8 concurrent users ({interval['low']}-{interval['high']})" in first and " ± " in first
-    measured = capacity_figure(capacity).data[0]  # the report's figure: each point with its interval as error bars
+    figure = capacity_figure(capacity)
+    fit = next(t for t in figure.data if t.name.startswith("non-decreasing fit"))  # the capacity's own weighted fit
+    assert fit.y[-1] == pytest.approx(capacity.saturation_tokens_per_s) and "weighted" in fit.name
+    measured = figure.data[0]  # the report's figure: each point with its interval as error bars
     assert list(measured.error_y.array) == pytest.approx(
         [p.output_tokens_per_s_interval["high"] - p.output_tokens_per_s for p in capacity.points])
 
