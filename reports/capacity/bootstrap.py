@@ -86,9 +86,10 @@ def redraw(intervals: Sequence[RateInterval], num_resamples: int = NUM_RESAMPLES
     return values + se * np.column_stack([rng.standard_t(dof, num_resamples) for _, dof in errors])
 
 
-def weights_of(intervals: Sequence[RateInterval]) -> list[float] | None:
-    """The points' precision weights (``reports.capacity.saturation.precision_weights``) from their intervals."""
-    return precision_weights([standard_error(i)[0] for i in intervals])
+def weights_of(intervals: Sequence[RateInterval | None]) -> list[float] | None:
+    """The points' precision weights (``reports.capacity.saturation.precision_weights``) from their intervals; None
+    (equal weights) when any point has none."""
+    return precision_weights([standard_error(i)[0] if i is not None else None for i in intervals])
 
 
 def weighted_choice(intervals: Sequence[RateInterval]) -> Choose:

@@ -16,7 +16,6 @@ from typing import Any
 from probes.peaks import MachinePeaks
 from probes.run_dir import RunDirectory
 from reports.capacity.bootstrap import (
-    CapacityInterval,
     capacity_interval,
     saturation_interval,
     weighted_choice,
@@ -38,11 +37,15 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     rated = [p for p in cps if p.output_tokens_per_s is not None]
     knee = fit_knee([p.users for p in rated], [p.output_tokens_per_s for p in rated])  # type: ignore[misc]
     slo = dict(points[0].load_config.get("slo") or {}) if points else {}
-    chosen, method, reason = _choose(cps, rated, slo, search.slo_attainment)
+    intervals = [p.interval for p in rated]
+    complete = all(i is not None for i in intervals)  # NOTE: every point's interval: the bootstraps need them all
+    weights = weights_of(intervals)
+    chosen, method, reason = _choose(cps, rated, weights, slo, search.slo_attainment)
     interval, estimate = None, chosen
-    if chosen is not None and method != "slo":
-        interval = _interval(rated, chosen.users)
-        if interval is not None and not interval.is_told_apart:
+    if chosen is not None and method != "slo" and complete:
+        interval = capacity_interval([p.users for p in rated], intervals, chosen.users,  # type: ignore[arg-type]
+                                     weighted_choice(intervals))  # type: ignore[arg-type]
+        if not interval.is_told_apart:
             method, reason = "undetermined", (
                 f"the points cannot be told apart: redrawn within their intervals, the capacity falls anywhere "
                 f"in {interval.low}-{interval.high} users ({interval.confidence:.0%}), so none is named "
@@ -58,9 +61,8 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
                       output_tokens_per_s_interval=chosen.output_tokens_per_s_interval if chosen else None)
     if rated and method != "slo":
         result.saturation_tokens_per_s = saturation_throughput([p.output_tokens_per_s for p in rated],  # type: ignore[misc]
-                                                               _weights(rated))
-        intervals = [p.interval for p in rated]
-        if all(i is not None for i in intervals):
+                                                               weights)
+        if complete:
             result.saturation_tokens_per_s_interval = saturation_interval(intervals)  # type: ignore[arg-type]
     by_users = {p.users: p for p in rated}
     result.serial_gain = serial_gain({u: p.output_tokens_per_s for u, p in by_users.items()})
@@ -83,7 +85,7 @@ def capacity_result(root: Path, search: CapacitySearch, points: list[RunDataset]
     return result
 
 
-def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], slo: dict[str, float],
+def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], weights: list[float] | None, slo: dict[str, float],
             target: float) -> tuple[CapacityPoint | None, str, str]:
     if slo:
         holding = [p for p in cps if p.slo_attainment is not None and p.slo_attainment["value"] >= target]
@@ -96,27 +98,13 @@ def _choose(cps: list[CapacityPoint], rated: list[CapacityPoint], slo: dict[str,
                              f"(95% Wilson interval {a['low']:.0%}-{a['high']:.0%}; target {target:.0%})")
     if not rated:
         return None, "plateau", "no point measured any output"
-    users, tputs, weights = [p.users for p in rated], [p.output_tokens_per_s for p in rated], _weights(rated)
+    users, tputs = [p.users for p in rated], [p.output_tokens_per_s for p in rated]
     point = next(p for p in rated if p.users == choose_users(users, tputs, weights))  # type: ignore[arg-type]
     level, start = saturation_throughput(tputs, weights), plateau_start(users, tputs, weights)  # type: ignore[arg-type]
     mean = "mean" if weights is None else "mean, weighted by their precision,"
     pooled = f"the {mean} of the points from {start} users on" if start != users[-1] else f"the point at {start} users"
     return point, "plateau", (f"the fewest users within {PLATEAU_SHARE:.0%} of the throughput the curve saturates at, "
                               f"{level:.4g} tok/s ({pooled}, the curve made non-decreasing in users)")
-
-
-def _weights(rated: list[CapacityPoint]) -> list[float] | None:
-    """The points' precision weights, None (equal) unless every point has its interval."""
-    intervals = [p.interval for p in rated]
-    return weights_of(intervals) if all(i is not None for i in intervals) else None  # type: ignore[arg-type]
-
-
-def _interval(rated: list[CapacityPoint], estimate: int) -> CapacityInterval | None:
-    """The capacity's interval from the points' own (None when a point has none: too short a window)."""
-    intervals = [p.interval for p in rated]
-    if any(i is None for i in intervals):
-        return None
-    return capacity_interval([p.users for p in rated], intervals, estimate, weighted_choice(intervals))  # type: ignore[arg-type]
 
 
 def single_stream(point: CapacityPoint | None, points: list[RunDataset], search: CapacitySearch,

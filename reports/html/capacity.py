@@ -105,8 +105,7 @@ def capacity_figure(capacity: Capacity) -> go.Figure | None:
     fig.add_trace(go.Scatter(x=xs, y=[p.output_tokens_per_s for p in points], mode="markers",
                              name="measured (95% interval)" if error_y else "measured", marker={"size": 9},
                              error_y=error_y), secondary_y=False)
-    rated = [p.interval for p in points]
-    weights = weights_of(rated) if all(i is not None for i in rated) else None  # type: ignore[arg-type]
+    weights = weights_of([p.interval for p in points])
     fig.add_trace(go.Scatter(x=xs, y=monotone_fit([p.output_tokens_per_s for p in points], weights), mode="lines",
                              name="non-decreasing fit (weighted)" if weights else "non-decreasing fit"),
                   secondary_y=False)
