@@ -1,9 +1,9 @@
 """The capacity search: find the concurrency where a server's output throughput stops rising.
 
 Closed-loop users start at 1 and double until throughput has failed to rise ``MIN_RISE`` times
-over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the points around the last rise
-are filled in, so the knee fit (reports.capacity.knee) has points on both
-sides of it. When requests queue past the knee, the capacity point is rerun with
+over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the midpoints on both sides of the
+capacity the doubling points give (:func:`refine_around`) are filled in, so every run names its
+capacity between neighbours measured at the search's finest step. When requests queue past the knee, the capacity point is rerun with
 ``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.limit), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
 ``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
@@ -25,11 +25,13 @@ from loadtests.errors import RunFailedError
 from probes.manifest import RunStatus
 from probes.peaks import MachinePeaks
 from probes.run_dir import CAPACITY_NAME, SWEEP_NAME, RunDirectory, SweepIndex, SweepPoint
+from reports.capacity.bootstrap import weights_of
 from reports.capacity.interval import RateInterval
 from reports.capacity.limit import UNQUEUED_DECODING_SHARE, is_serial
 from reports.capacity.other_load import BUSY_CORES
 from reports.capacity.records import Capacity, CapacitySearch
 from reports.capacity.result import capacity_result, focus_users
+from reports.capacity.saturation import choose_users
 from reports.dataset import RunDataset
 from reports.health import point_failures
 from reports.summary import point_measures
@@ -151,7 +153,8 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                 " with throughput still rising" if last_rise == users else "")
             break
         users *= 2
-    for users in refine_points([*measured, *(o["users"] for o in search.overloaded)], last_rise):
+    for users in refine_points([*measured, *(o["users"] for o in search.overloaded)],
+                               refine_around(list(measured.values())) if measured else last_rise):
         if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
@@ -187,13 +190,31 @@ def doubling_plateau(points: list[tuple[int, float]]) -> tuple[int, str | None]:
                         f"({rise_users} users) on {misses} doublings in a row ({after})")
 
 
-def refine_points(measured: list[int], last_rise: int) -> list[int]:
-    """Users to add around ``last_rise`` (the heaviest point whose throughput still rose): the
-    midpoints between it and its measured neighbours, so the knee has points on both sides."""
-    below = max((u for u in measured if u < last_rise), default=None)
-    above = min((u for u in measured if u > last_rise), default=None)
+def refine_around(points: list[_Measured]) -> int:
+    """The users the refining points go around: the capacity the points measured so far give (with an SLO, the
+    most users whose SLO held, the lightest when none did; else the plateau rule of reports.capacity.saturation,
+    each point weighted by its precision).
+
+    NOTE: not the doubling's last rise: on a curve that bends by degrees whether a doubling counts as a rise is a
+    coin toss at its threshold, and runs that filled in different midpoints named capacities only on the points
+    each had (one run without a 12-user point could only name 8 or 16); around the capacity, the points next to
+    it are measured in every run.
+    """
+    ordered = sorted(points, key=lambda p: p.users)
+    if any(p.slo_ok is not None for p in ordered):
+        held = [p.users for p in ordered if p.slo_ok]
+        return max(held) if held else ordered[0].users
+    return choose_users([p.users for p in ordered], [p.output_tokens_per_s for p in ordered],
+                        weights_of([p.interval for p in ordered]))
+
+
+def refine_points(measured: list[int], around: int) -> list[int]:
+    """Users to add around ``around`` (the capacity so far, :func:`refine_around`): the midpoints between it and
+    its measured neighbours, so it has points on both sides at the search's finest step."""
+    below = max((u for u in measured if u < around), default=None)
+    above = min((u for u in measured if u > around), default=None)
     out = []
-    for lo, hi in ((below, last_rise), (last_rise, above)):
+    for lo, hi in ((below, around), (around, above)):
         if lo is None or hi is None:
             continue
         mid = round((lo + hi) / 2)

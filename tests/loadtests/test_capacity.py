@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from loadtests.capacity import doubling_plateau, refine_points
+from loadtests.capacity import _Measured, doubling_plateau, refine_around, refine_points
 from loadtests.cli import main
 from loadtests.config import StopRule
 from loadtests.run.server_process import ServerProcess
+from reports.capacity.interval import RateInterval
 from tests.loadtests.test_diagnose import check_nothing_lost
 
 # Each engine step burns this much host time, so a step costs about the same at any batch size (as a
@@ -75,11 +76,33 @@ def test_one_doubling_that_gains_little_does_not_end_the_search() -> None:
     assert doubling_plateau([(1, 10.0)]) == (1, None)
 
 
-def test_refining_adds_the_midpoints_on_both_sides_of_the_last_rise() -> None:
+def test_refining_adds_the_midpoints_on_both_sides_of_the_capacity_so_far() -> None:
     assert refine_points([1, 2, 4, 8], 4) == [3, 6]
     assert refine_points([1, 2, 4, 8, 16, 32], 16) == [12, 24]
     assert refine_points([1, 2], 1) == []  # a serial server: nothing between 1 and 2
     assert refine_points([1, 2, 4], 2) == [3]  # 1.5 is no whole number of users
+
+
+def _points(*rows: tuple) -> list[_Measured]:
+    return [_Measured(users, tps, None, interval=RateInterval(tps, tps - half, tps + half, 0.95, 4, 5.0)
+                      if half is not None else None) for users, tps, half in rows]
+
+
+def test_the_refining_points_go_around_the_capacity_not_the_last_rise() -> None:
+    # Run 3 of the tenth hold (AVX2 box, 2026-12-07): 8 users did not rise 1.15x over 4, so the last rise was 4
+    # and 3 and 6 were filled in; the capacity rule then named 16 users with no 12-user point to weigh.
+    doubled = _points((1, 22.6, None), (2, 39.3, None), (4, 61.0, None), (8, 63.2, None), (16, 74.6, None))
+    assert doubling_plateau([(p.users, p.output_tokens_per_s) for p in doubled])[0] == 4
+    assert refine_around(doubled) == 16
+    assert refine_points([1, 2, 4, 8, 16], refine_around(doubled)) == [12]
+    # Each point weighs by its precision: a heaviest point read to ±40 tok/s barely lifts the level the 90% is
+    # taken of, so the capacity so far is 8 users (equal weights would pool 16 and 32 at 73 and name 16).
+    noisy_top = [(1, 20.0, 2.0), (2, 38.0, 3.0), (4, 54.0, 4.0), (8, 64.0, 4.0), (16, 80.0, 40.0), (32, 66.0, 3.0)]
+    assert refine_around(_points(*noisy_top)) == 8
+    assert refine_around(_points(*((users, tps, None) for users, tps, _ in noisy_top))) == 16
+    # With an SLO: around the most users whose SLO held, the lightest when none did.
+    assert refine_around([_Measured(1, 20.0, True), _Measured(2, 38.0, True), _Measured(4, 50.0, False)]) == 2
+    assert refine_around([_Measured(1, 20.0, False), _Measured(2, 30.0, False)]) == 1
 
 
 @pytest.mark.slow
@@ -90,7 +113,7 @@ def test_the_search_finds_the_knee_of_a_server_with_four_seats(tmp_path) -> None
     diagnosis = json.loads((out / "diagnosis.json").read_text())
     capacity = diagnosis["capacity"]
     searched = sorted(p["users"] for p in capacity["points"])
-    assert searched[:4] == [1, 2, 3, 4] and 8 in searched  # doubled, then filled in around the last rise
+    assert searched[:4] == [1, 2, 3, 4] and 8 in searched  # doubled, then filled in around the capacity
     assert capacity["knee"]["has_knee"], capacity["knee"]["reason"]
     index = searched.index(4)
     assert capacity["concurrency"] in searched[index - 1:index + 2]  # 4 users, give or take one point
