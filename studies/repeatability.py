@@ -182,16 +182,18 @@ def results_table(results: list[RunResult], s: dict[str, Any], command: str) -> 
         table.add_column(column, justify="right")
     for r in results:
         capacity = "-" if r.capacity is None else f"{r.capacity} ({r.capacity_low}-{r.capacity_high})"
-        rate = "-" if r.output_tokens_per_s is None else (
-            f"{r.output_tokens_per_s:.1f} ({r.output_tokens_per_s_low:.1f}-{r.output_tokens_per_s_high:.1f})"
-            if r.output_tokens_per_s_low is not None else f"{r.output_tokens_per_s:.1f}")
-        level = "-" if r.saturation is None else (
-            f"{r.saturation:.1f} ({r.saturation_low:.1f}-{r.saturation_high:.1f})"
-            if r.saturation_low is not None else f"{r.saturation:.1f}")
+        rate = _value_range(r.output_tokens_per_s, r.output_tokens_per_s_low, r.output_tokens_per_s_high)
+        level = _value_range(r.saturation, r.saturation_low, r.saturation_high)
         table.add_row(str(r.run), r.started_utc, f"{r.wall_s / 60:.1f} min", f"{r.load_before:.2f}", capacity, rate,
-                      level,
-                      f"{r.verdict} at {r.verdict_at}: {'; '.join(r.deciding) or '-'}")
+                      level, f"{r.verdict} at {r.verdict_at}: {'; '.join(r.deciding) or '-'}")
     return table
+
+
+def _value_range(value: float | None, low: float | None, high: float | None) -> str:
+    """``73.2 (61.6-84.8)``, the value alone without its interval, ``-`` without a value."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if low is None or high is None else f"{value:.1f} ({low:.1f}-{high:.1f})"
 
 
 def points_table(results: list[RunResult]) -> Table:
