@@ -3,8 +3,9 @@
 Closed-loop users start at 1 and double until throughput has failed to rise ``MIN_RISE`` times
 over the last rise on ``PLATEAU_POINTS`` doublings in a row; then the midpoints on both sides of the
 capacity the doubling points give (:func:`refine_around`) are filled in, so every run names its
-capacity between neighbours measured at the search's finest step. When requests queue past the knee, the capacity point is rerun with
-``TOKENS_SCALE`` times the tokens per request (the tokens experiment, reports.capacity.limit), which
+capacity between neighbours measured at the search's finest step. When requests queue past the
+knee, the capacity point is rerun with ``TOKENS_SCALE`` times the tokens per request (the tokens
+experiment, reports.capacity.limit), which
 tells a seat limit from a memory limit. Each point is an ordinary run directory ``OUT/users-N``;
 ``OUT/sweep.json`` lists them and ``OUT/capacity.json`` records the search. A point that cannot
 be judged (reports.health) stops the search; so does a point whose requests fail from overload
