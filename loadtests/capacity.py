@@ -154,8 +154,10 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
                 " with throughput still rising" if last_rise == users else "")
             break
         users *= 2
+    # NOTE: every point in search.order was measured (one that could not be judged returned above), so the
+    # refining has points to go around.
     for users in refine_points([*measured, *(o["users"] for o in search.overloaded)],
-                               refine_around(list(measured.values())) if measured else last_rise):
+                               refine_around(list(measured.values()))):
         if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
