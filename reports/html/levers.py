@@ -53,14 +53,16 @@ class LeverSection(Section):
         model = predictions.get("step_model")
         if model is not None:
             t = model["total"]
+            calibrated = bool(model.get("calibrated"))
             out.append(table(
-                ["per-step overhead ms", "per prefill token us", "per decoding sequence us", "per context token us",
+                ["per-step ms over the calibrated step" if calibrated else "per-step overhead ms", "per prefill token us", "per decoding sequence us", "per context token us",
                  "held-out steps", "held-out mean abs error", "held-out total error"],
                 [[t["overhead_s"] * 1e3, t["prefill_token_s"] * 1e6, t["decode_seq_s"] * 1e6,
                   t["context_token_s"] * 1e6, model["num_holdout_steps"], share(model["holdout_mape"]),
                   f"{model['holdout_total_error']:+.1%}"]],
                 caption="Step-time model fitted (non-negative least squares) on 80% of this run's busy steps, "
-                        "checked on the other 20%"))
+                        "checked on the other 20%" + ("; over the calibrated decode step, whose level the per-step "
+                                                      "term corrects up or down" if calibrated else "")))
         check = predictions.get("replay_check")
         if check is not None:
             r, m = check["replayed"], check["measured"]

@@ -28,8 +28,13 @@ bigger batch to cost what this one did.
 The coefficients and the load factor are fitted on the busy steps while the load was sending (the window
 the run's throughput is counted over, which the replay is checked against and the levers' gains are scaled
 from), by non-negative least squares (a cost cannot be negative), on a random 80% of the steps; the error is
-measured on the other 20%. ``forward`` is the same model fitted on
-the model forward alone; the execution lever uses it for the prompt rows of a step.
+measured on the other 20%. Over a calibrated base the per-step term is a correction to that base and takes
+either sign: the calibration keeps the best of two steps per batch size, and on a slowed host its step (the
+forward's part stretched by the load factor, the host part with it) can read more than the loaded server's
+steps take (4.9 ms calibrated at 4 sequences against 3.5-4.0 loaded in a 2-second dummy run, 2026-12-07); held
+at zero or above, that term left every step predicted too slow and the replay 28% under the measured
+throughput. ``forward`` is the same model fitted on the model forward alone; the execution lever uses it for the
+prompt rows of a step.
 """
 
 from __future__ import annotations
@@ -158,17 +163,19 @@ class StepModel:
                 "calibration_batches": self.calibration.batches if self.calibration is not None else None}
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares ``a @ x ~ b`` with ``x >= 0``: the best unconstrained fit over every subset of columns.
+def nnls(a: np.ndarray, b: np.ndarray, signed: Sequence[int] = ()) -> np.ndarray:
+    """Least squares ``a @ x ~ b`` with ``x >= 0`` but for the columns in ``signed``: the best unconstrained fit
+    over every subset of columns.
 
     NOTE: exact for the handful of columns this module fits (2**4 subsets); not meant for wide problems.
     """
     num_cols = a.shape[1]
+    bounded = [c for c in range(num_cols) if c not in signed]
     best, best_residual = np.zeros(num_cols), float(np.sum(b ** 2))
     for size in range(1, num_cols + 1):
         for cols in itertools.combinations(range(num_cols), size):
             x_sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(x_sub < 0):
+            if any(x < 0 for col, x in zip(cols, x_sub, strict=True) if col in bounded):
                 continue
             residual = float(np.sum((a[:, cols] @ x_sub - b) ** 2))
             if residual < best_residual - 1e-18:
@@ -287,12 +294,13 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
             if calibration is not None else base_forward)
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
-    total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout])))
+    signed = (FEATURES.index("overhead_s"),) if calibration is not None else ()
+    total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout], signed)))
     is_stall = stalled_steps(y - base - x @ _vector(total))
     if is_stall.any():  # the stalls' excess is time, not work: fit the work without them
-        total = Coefficients(*map(float, nnls(x[~is_holdout & ~is_stall], (y - base)[~is_holdout & ~is_stall])))
+        total = Coefficients(*map(float, nnls(x[~is_holdout & ~is_stall], (y - base)[~is_holdout & ~is_stall], signed)))
     fit = ~is_holdout & ~is_stall
-    forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit])))
+    forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit], signed)))
     modelled = base + x @ _vector(total)
     burnt = busy["burnt_s"].to_numpy(float)
     stall_share = max(_stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float),

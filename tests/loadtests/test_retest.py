@@ -90,9 +90,11 @@ def test_the_execution_verdict_and_prediction_read_the_one_step_calibration(tmp_
     lever = next(lv for lv in diagnosis["levers"] if lv["lever"] == "execution")
     assert lever["predicted_gain"] is not None and "calibrated before the load" in lever["note"]
     assert diagnosis["predictions"]["step_model"]["calibrated"]
-    # the calibrated model's replay of the run's own settings gives back what was measured. NOTE: the bound is
-    # the 20%, not its 10% aim: a 4-second run on a shared 2-core machine missed 10% once (11%)
-    assert abs(diagnosis["predictions"]["replay_check"]["throughput_error"]) < 0.20
+    # the calibrated model's replay of the run's own settings gives back what was measured, within the issue's
+    # 10% aim. NOTE: on a 2-core AMD EPYC (2026-12-07) 10 such runs read -1.7% to +0.4%, 8 beside two busy
+    # loops -5.5% to +4.8%, and a slowed clean-clone run's record -2.9% (-28% before the fit's per-step term
+    # could correct a calibrated step that read too long)
+    assert abs(diagnosis["predictions"]["replay_check"]["throughput_error"]) < 0.10
 
     (out / CALIBRATION_NAME).unlink()
     diagnosis = write_report(out)
