@@ -28,13 +28,16 @@ bigger batch to cost what this one did.
 The coefficients and the load factor are fitted on the busy steps while the load was sending (the window
 the run's throughput is counted over, which the replay is checked against and the levers' gains are scaled
 from), by non-negative least squares (a cost cannot be negative), on a random 80% of the steps; the error is
-measured on the other 20%. Over a calibrated base the per-step term is a correction to that base and takes
-either sign: the calibration keeps the best of two steps per batch size, and on a slowed host its step (the
-forward's part stretched by the load factor, the host part with it) can read more than the loaded server's
-steps take (4.9 ms calibrated at 4 sequences against 3.5-4.0 loaded in a 2-second dummy run, 2026-12-07); held
-at zero or above, that term left every step predicted too slow and the replay 28% under the measured
-throughput. ``forward`` is the same model fitted on the model forward alone; the execution lever uses it for the
-prompt rows of a step.
+measured on the other 20%. Over a calibrated base the per-step term may go below zero, down to minus the
+calibrated step's host part (its step beyond its forward, stretched by the load factor) at the run's smallest
+step: a loaded step can pay less host time than the calibration's did, never less than none. The calibrated
+step is the best of two per batch size, and in a 2-second dummy run of the test suite on a slowed host
+(2026-12-07) it read 4.9 ms at 4 sequences against 3.5-4.0 loaded; held at zero or above, that term left every
+step predicted too slow and the replay 28% under the measured throughput (3% with it). Left free, it traded
+-120 ms a step for +7 ms a sequence in 24-32-user runs of smollm2-135m, a line no batch size the run lacked would
+follow; bounded, it reads -0.6 to -3.8 ms there and their replays and lever gains move by 1% or less.
+``forward`` is the same model fitted on the model forward alone; the execution lever uses it for the prompt rows
+of a step.
 """
 
 from __future__ import annotations
@@ -163,19 +166,20 @@ class StepModel:
                 "calibration_batches": self.calibration.batches if self.calibration is not None else None}
 
 
-def nnls(a: np.ndarray, b: np.ndarray, signed: Sequence[int] = ()) -> np.ndarray:
-    """Least squares ``a @ x ~ b`` with ``x >= 0`` but for the columns in ``signed``: the best unconstrained fit
-    over every subset of columns.
+def nnls(a: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.ndarray:
+    """Least squares ``a @ x ~ b`` with ``x >= lower`` (default zero): the best unconstrained fit over every
+    subset of columns, of ``x - lower`` against what ``lower`` leaves of ``b``.
 
     NOTE: exact for the handful of columns this module fits (2**4 subsets); not meant for wide problems.
     """
+    if lower is not None:
+        return lower + nnls(a, b - a @ lower)
     num_cols = a.shape[1]
-    bounded = [c for c in range(num_cols) if c not in signed]
     best, best_residual = np.zeros(num_cols), float(np.sum(b ** 2))
     for size in range(1, num_cols + 1):
         for cols in itertools.combinations(range(num_cols), size):
             x_sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if any(x < 0 for col, x in zip(cols, x_sub, strict=True) if col in bounded):
+            if np.any(x_sub < 0):
                 continue
             residual = float(np.sum((a[:, cols] @ x_sub - b) ** 2))
             if residual < best_residual - 1e-18:
@@ -294,13 +298,15 @@ def fit_step_model(steps: pd.DataFrame, seed: int = 0, calibration: StepCalibrat
             if calibration is not None else base_forward)
     y = busy["period_s"].to_numpy(float)
     y_forward = busy["forward_only_s"].to_numpy(float)
-    signed = (FEATURES.index("overhead_s"),) if calibration is not None else ()
-    total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout], signed)))
+    # the per-step term may take back the calibrated host part (the step beyond its forward) of the run's smallest step
+    lower = np.zeros(len(FEATURES))
+    lower[FEATURES.index("overhead_s")] = -max(float(np.min(base - base_forward)), 0.0)
+    total = Coefficients(*map(float, nnls(x[~is_holdout], (y - base)[~is_holdout], lower)))
     is_stall = stalled_steps(y - base - x @ _vector(total))
     if is_stall.any():  # the stalls' excess is time, not work: fit the work without them
-        total = Coefficients(*map(float, nnls(x[~is_holdout & ~is_stall], (y - base)[~is_holdout & ~is_stall], signed)))
+        total = Coefficients(*map(float, nnls(x[~is_holdout & ~is_stall], (y - base)[~is_holdout & ~is_stall], lower)))
     fit = ~is_holdout & ~is_stall
-    forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit], signed)))
+    forward = Coefficients(*map(float, nnls(x[fit], (y_forward - base_forward)[fit])))
     modelled = base + x @ _vector(total)
     burnt = busy["burnt_s"].to_numpy(float)
     stall_share = max(_stall_share(y + burnt, modelled + burnt, is_stall, busy["start_time"].to_numpy(float),

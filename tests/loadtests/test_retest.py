@@ -91,9 +91,9 @@ def test_the_execution_verdict_and_prediction_read_the_one_step_calibration(tmp_
     assert lever["predicted_gain"] is not None and "calibrated before the load" in lever["note"]
     assert diagnosis["predictions"]["step_model"]["calibrated"]
     # the calibrated model's replay of the run's own settings gives back what was measured, within the issue's
-    # 10% aim. NOTE: on a 2-core AMD EPYC (2026-12-07) 10 such runs read -1.7% to +0.4%, 8 beside two busy
-    # loops -5.5% to +4.8%, and a slowed clean-clone run's record -2.9% (-28% before the fit's per-step term
-    # could correct a calibrated step that read too long)
+    # 10% aim. NOTE: on a 2-core AMD EPYC (2026-12-07) 10 such runs read -5.0% to -0.1%, 8 beside two busy
+    # loops -2.5% to +0.9%, and a slowed clean-clone run's record -2.9% (-28% before the fit's per-step term
+    # could take back a calibrated step's host part that read too long)
     assert abs(diagnosis["predictions"]["replay_check"]["throughput_error"]) < 0.10
 
     (out / CALIBRATION_NAME).unlink()

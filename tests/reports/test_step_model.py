@@ -107,21 +107,24 @@ def test_nnls_matches_the_unconstrained_fit_when_it_is_non_negative_and_clamps_o
     assert nnls(a, a @ np.array([2.0, 0.5])) == pytest.approx([2.0, 0.5])
     x = nnls(a, a @ np.array([2.0, -0.5]))  # a falling line: the slope is clamped to 0, the level refitted
     assert x[1] == 0.0 and x[0] == pytest.approx(np.mean(a @ np.array([2.0, -0.5])))
-    signed = nnls(a, a @ np.array([-1.0, 0.5]), signed=(0,))  # a level below zero where that column may be
-    assert signed == pytest.approx([-1.0, 0.5])
+    lower = np.array([-1.5, 0.0])  # a level that may go down to -1.5
+    assert nnls(a, a @ np.array([-1.0, 0.5]), lower) == pytest.approx([-1.0, 0.5])
+    assert nnls(a, a @ np.array([-2.0, 0.5]), lower)[0] == pytest.approx(-1.5)
 
 
 def test_a_calibration_that_overstates_the_step_is_corrected_by_a_negative_per_step_term() -> None:
     """Recorded (2026-12-07, the retest test's 2-second eager run of dummy:tiny on a slowed 2-core host): best of
     two calibrated steps at 4 sequences read 4.86 ms where its forward read 2.36, the loaded steps took 3.5-4.0 ms;
     a per-step term held at zero or above predicted every step 1.2 ms too slow, and the replay 28% short of the
-    measured throughput. The calibrated step is a base the load's own steps correct, up or down."""
+    measured throughput. The per-step term may take back the calibrated step's host part, no more."""
     calibrated = calibration()
     over = {path: [1.4 * t for t in times] for path, times in calibrated.step_s.items()}
     overstated = dataclasses.replace(calibrated, step_s=over, temperature=1.0)
     run = loaded_steps(1200, calibrated, "optimized", [2, 4, 8])
     model = fit_step_model(run, calibration=overstated)
     assert model is not None and model.total.overhead_s < 0.0
+    host_part_at_two = model.load_factor * 0.4 * calibrated.forward("optimized", 2)
+    assert model.total.overhead_s >= -host_part_at_two - 1e-12
     for batch in (2, 8):
         assert model.step_time(StepWork(0, batch, batch * 100)) == pytest.approx(mean_decode_period(run, batch),
                                                                                  rel=0.04), batch
