@@ -49,8 +49,9 @@ DESCRIPTION = ("servescope answers why an LLM inference server is not faster, an
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
 # a capacity search whose points are capped to finish in about 5 minutes on 2 CPU cores (8 points of at
-# most 10 s warm-up + 20 s measured + the drain). ``users``, ``duration`` and ``warmup`` are a single
-# point's (--users, --ablate); ``search_*`` each search point's caps and interval target (--interval).
+# most 10 s warm-up, up to 30 s until the first users' requests are done, + 20 s measured + the drain).
+# ``users``, ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search
+# point's caps and interval target (--interval).
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
                      "search_duration": 20.0, "search_warmup": 10.0, "search_interval": 5.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,
@@ -79,7 +80,8 @@ def add_load_args(parser: argparse.ArgumentParser, defaults: dict[str, Any], wit
     g.add_argument("--warmup", type=float, default=None,
                    help=f"seconds of load first whose requests are recorded but left out of the statistics "
                         f"(default {defaults['warmup']:g}; a trace: 0); with --interval the longest a point waits "
-                        f"for its load to steady (a capacity search: {defaults['search_warmup']:g})")
+                        f"for its load to steady once its first users' requests are all done, at most 3x it before "
+                        f"(a capacity search: {defaults['search_warmup']:g})")
     g.add_argument("--interval", type=float, default=None, metavar="PCT",
                    help=f"a point starts measuring once its load is steady and ends once the 95%% interval of its "
                         f"output tokens/s is within ±PCT%% of it, or at --warmup/--duration (default: "

@@ -8,8 +8,8 @@ about once a second and decides:
 - **steady**: the first cohort of a closed loop has been replaced (as many requests done as users:
   users that all started at once no longer move in step), and over the last ``STEADY_WINDOW_S`` the
   token rate and the numbers of requests in flight and decoding each agree between the two halves
-  within ``STEADY_TOLERANCE`` or within their own noise; or the warm-up cap is reached (the point says
-  it never steadied);
+  within ``STEADY_TOLERANCE`` or within their own noise; or the warm-up cap is reached with the first
+  cohort replaced, or ``COHORT_WAIT_FACTOR`` times the cap without (the point says it never steadied);
 - **enough**: at least ``MIN_MEASURE_S`` measured and ``MIN_TURNOVERS`` times as many requests done
   in the window as users (fewer, and the batches of the interval would share their requests), and
   the batch-means interval of the token rate (:mod:`reports.capacity.interval`) within the target;
@@ -49,6 +49,12 @@ STEADY_TOLERANCE = 0.15
 MIN_MEASURE_S = 12.0
 # Fewest requests done inside the window, in units of the closed loop's users.
 MIN_TURNOVERS = 2
+# How many warm-up caps a closed loop waits at most for its first cohort to be replaced. NOTE: until as many
+# requests are done as users, every user is still on its first request and the mix the load settles to has not
+# begun: over 15 holds of the main job (2026-12-06/07, 2 cores, smollm2-135m) that took a median 13, 17, 23 and 26
+# s at 12, 16, 24 and 32 users (at most 28 s) while the 10 s cap opened every such window at 11.6 s, none of them
+# steady, and 24-32-user windows then read 61-66 tok/s where the same load gave 70-84 later on.
+COHORT_WAIT_FACTOR = 3.0
 
 
 @dataclass(slots=True)
@@ -162,14 +168,25 @@ class PointMonitor:
             return None
         if self.window.measure_from is None:
             why = self._steady(progress, start, known)
-            if why is None and now - start < self.warmup_cap_s:
+            waited = now - start
+            replaced = self.users is None or progress.at(np.array([known])).done[-1] >= self.users
+            if why is None and (waited < self.warmup_cap_s
+                                or (not replaced and waited < COHORT_WAIT_FACTOR * self.warmup_cap_s)):
                 return None
             opens = now + LEAD_S
             self.window.measure_from = opens
             self.window.stop_at = opens + self.duration_cap_s
             self.window.is_steady = why is not None
-            self.window.why_started = why or (f"the load did not steady within the warm-up cap of "
-                                              f"{self.warmup_cap_s:g} s; measured from there")
+            if why is None and not replaced:
+                why = (f"the first {self.users} users' requests were not all replaced within "
+                       f"{COHORT_WAIT_FACTOR:g} warm-up caps ({COHORT_WAIT_FACTOR * self.warmup_cap_s:g} s); "
+                       f"measured from there, not steady")
+            elif why is None:
+                why = (f"the load did not steady within the warm-up cap of {self.warmup_cap_s:g} s"
+                       + (f" (its first {self.users} users' requests replaced by {waited:.0f} s)"
+                          if self.users is not None and waited >= self.warmup_cap_s + 1 else "")
+                       + "; measured from there")
+            self.window.why_started = why
             self.window.why_stopped = f"reached the duration cap of {self.duration_cap_s:g} s"
             return self.window.control
         assert self.window.stop_at is not None

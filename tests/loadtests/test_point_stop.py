@@ -14,10 +14,11 @@ SAMPLE_S = 0.2  # the workers' health samples (loadtests.client.health)
 TOKENS_PER_REQUEST = 60
 
 
-def _run(rates: np.ndarray, users: int, warmup_cap_s: float = 20.0, duration_cap_s: float = 40.0,
+def _run(rates: np.ndarray, users: int | None, warmup_cap_s: float = 20.0, duration_cap_s: float = 40.0,
          decoding: np.ndarray | None = None) -> PointMonitor:
     """Feed a monitor one worker's samples of a load streaming ``rates[i]`` tokens/s in second ``i``, ticking
-    once a second as the orchestrator does, until it decides the window's end or the rates run out."""
+    once a second as the orchestrator does, until it decides the window's end or the rates run out. An open
+    loop (``users`` None) keeps 8 requests in flight."""
     monitor = PointMonitor(StopRule(0.05), users, warmup_cap_s, duration_cap_s)
     progress = LiveProgress(Path("never-polled"))  # fed sample by sample below, as poll() would
     chunks = done = 0.0
@@ -27,8 +28,8 @@ def _run(rates: np.ndarray, users: int, warmup_cap_s: float = 20.0, duration_cap
             chunks += rate * SAMPLE_S
             done += rate * SAMPLE_S / TOKENS_PER_REQUEST
             now = t0 + second + (k + 1) * SAMPLE_S
-            progress.add({"worker": "w0", "time": now, "chunks": int(chunks), "in_flight": users,
-                          "decoding": int(decoding[second]) if decoding is not None else users - 1,
+            progress.add({"worker": "w0", "time": now, "chunks": int(chunks), "in_flight": users or 8,
+                          "decoding": int(decoding[second]) if decoding is not None else (users or 8) - 1,
                           "done": int(done)})
         monitor.decide(progress, t0 + second + 1.05)
         if monitor.is_done:
@@ -91,6 +92,31 @@ def test_a_load_that_never_steadies_is_measured_from_the_warm_up_cap_and_says_so
     w = monitor.window
     assert not w.is_steady and "did not steady" in w.why_started
     assert 15.0 <= w.measure_from - 1000.0 <= 17.0
+
+
+def test_a_closed_loop_waits_past_the_cap_for_its_first_cohort_and_no_longer() -> None:
+    """32 users (as the main job's heaviest points, 2026-12-07): 60 tokens a request at 75 tok/s, so the 32nd
+    request is done after about 26 s; the 10 s cap alone opened the window while every user was still on its
+    first request."""
+    rng = np.random.default_rng(4)
+    rates = np.concatenate([np.linspace(30, 75, 6), _stationary(rng, 75, 75.0, 0.05)])
+    monitor = _run(rates, users=32, warmup_cap_s=10.0)
+    steady = monitor.window
+    done_at = np.searchsorted(np.cumsum(rates) / TOKENS_PER_REQUEST, 32) + 1  # the second its 32nd request ends
+    assert done_at > 20 and steady.is_steady and done_at <= steady.measure_from - 1000.0 <= done_at + 2.0
+    # the same load with its decoding count still doubling every 4 s (never steady): opened once the cohort is
+    # replaced, and says so
+    monitor = _run(rates, users=32, warmup_cap_s=10.0, decoding=2.0 ** (np.arange(len(rates)) / 4))
+    w = monitor.window
+    opened = w.measure_from - 1000.0
+    assert not w.is_steady and "did not steady" in w.why_started and "replaced by" in w.why_started
+    assert done_at <= opened <= done_at + 2.0
+    # a cohort that is never replaced (requests longer than the whole wait) holds the window shut three caps
+    slow = _run(np.full(60, 20.0), users=32, warmup_cap_s=10.0)
+    assert 30.0 <= slow.window.measure_from - 1000.0 <= 31.6 and "not all replaced" in slow.window.why_started
+    # an open loop has no cohort: the cap alone
+    open_loop = _run(np.full(60, 20.0), users=None, warmup_cap_s=10.0, decoding=8 * 2.0 ** (np.arange(60) / 4))
+    assert 10.0 <= open_loop.window.measure_from - 1000.0 <= 11.6
 
 
 def test_the_interval_it_reports_covers_the_true_rate_at_its_stated_rate() -> None:
