@@ -46,6 +46,14 @@ class MasterConfig:
 # Seconds past its caps (warm-up + duration) a controlled point's users go on when no stop came (a lost
 # orchestrator); the orchestrator itself stops every point within its caps.
 CONTROL_SLACK_S = 10.0
+# How many warm-up caps a controlled closed loop waits at most for its first cohort to be replaced
+# (:mod:`loadtests.point_stop`); its users' deadline leaves room for it.
+COHORT_WAIT_FACTOR = 3.0
+
+
+def longest_warmup_s(warmup_s: float, is_controlled: bool, is_closed_loop: bool) -> float:
+    """The longest a point may warm up: a controlled closed loop waits for its first cohort past its cap."""
+    return warmup_s * (COHORT_WAIT_FACTOR if is_controlled and is_closed_loop else 1.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,7 +200,9 @@ class LoadConfig:
     @property
     def run_time_s(self) -> float:
         """The longest the load sends: warm-up + duration, and a controlled point's slack past its caps."""
-        return self.warmup_s + self.duration_s + (CONTROL_SLACK_S if self.stop_rule is not None else 0.0)
+        controlled = self.stop_rule is not None
+        return (longest_warmup_s(self.warmup_s, controlled, self.users is not None) + self.duration_s
+                + (CONTROL_SLACK_S if controlled else 0.0))
 
     def plan_size(self) -> int:
         """How many distinct requests to prepare; workers cycle through them if they send more.

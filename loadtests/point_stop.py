@@ -33,7 +33,7 @@ import numpy as np
 
 from loadtests.client.point_control import LEAD_S, PointControl
 from loadtests.client.records import HEALTH_PREFIX, JOURNAL_SUFFIX, JsonLinesTail
-from loadtests.config import LoadConfig, StopRule
+from loadtests.config import COHORT_WAIT_FACTOR, LoadConfig, StopRule
 from probes.run_dir import CONTROL_NAME, RunDirectory
 from reports.capacity.interval import SUB_WINDOW_S, batch_means_interval
 
@@ -49,12 +49,11 @@ STEADY_TOLERANCE = 0.15
 MIN_MEASURE_S = 12.0
 # Fewest requests done inside the window, in units of the closed loop's users.
 MIN_TURNOVERS = 2
-# How many warm-up caps a closed loop waits at most for its first cohort to be replaced. NOTE: until as many
-# requests are done as users, every user is still on its first request and the mix the load settles to has not
-# begun: over 15 holds of the main job (2026-12-06/07, 2 cores, smollm2-135m) that took a median 13, 17, 23 and 26
-# s at 12, 16, 24 and 32 users (at most 28 s) while the 10 s cap opened every such window at 11.6 s, none of them
-# steady, and 24-32-user windows then read 61-66 tok/s where the same load gave 70-84 later on.
-COHORT_WAIT_FACTOR = 3.0
+# NOTE (COHORT_WAIT_FACTOR): until as many requests are done as users, every user is still on its first
+# request and the mix the load settles to has not begun: over 15 holds of the main job (2026-12-06/07, 2 cores,
+# smollm2-135m) that took a median 13, 17, 23 and 26 s at 12, 16, 24 and 32 users (at most 28 s) while the 10 s
+# cap opened every such window at 11.6 s, none of them steady, and 24-32-user windows then read 61-66 tok/s
+# where the same load gave 70-84 later on.
 
 
 @dataclass(slots=True)

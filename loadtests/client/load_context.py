@@ -20,7 +20,7 @@ from loadtests.client.point_control import PointControl
 from loadtests.client.records import ClientRecord, Clock, Journal
 from loadtests.client.sse import StreamTimer
 from loadtests.client.stream_client import StreamClient, StreamResponse
-from loadtests.config import CONTROL_SLACK_S
+from loadtests.config import CONTROL_SLACK_S, longest_warmup_s
 from loadtests.plan import PlannedRequest
 from loadtests.workloads.arrival import OpenLoopArrivals
 
@@ -115,7 +115,8 @@ class LoadContext:
         """When users stop sending: the end of warm-up + duration, or a controlled point's ``stop_at``."""
         if not self.is_controlled:
             return self.start_time + self.warmup_s + self.duration_s
-        bound = self.start_time + self.warmup_s + self.duration_s + CONTROL_SLACK_S
+        warmup = longest_warmup_s(self.warmup_s, True, self.arrivals is None and not self.is_trace)
+        bound = self.start_time + warmup + self.duration_s + CONTROL_SLACK_S
         return bound if self.stop_at is None else min(self.stop_at, bound)
 
     @property

@@ -163,11 +163,14 @@ def test_a_controlled_closed_loop_cuts_each_users_first_request_at_a_seeded_rand
 
 def test_a_controlled_point_follows_its_window_and_a_lost_orchestrator_is_bounded() -> None:
     from loadtests.client.point_control import PointControl
-    from loadtests.config import CONTROL_SLACK_S
+    from loadtests.config import COHORT_WAIT_FACTOR, CONTROL_SLACK_S
 
     context = _context(True)
     assert context.is_warmup(context.start_time + 100.0)  # no window yet: everything is warm-up
-    assert context.deadline == context.start_time + 20.0 + 40.0 + CONTROL_SLACK_S
+    # a closed loop may wait three warm-up caps for its first cohort, and then measure its whole duration cap
+    assert context.deadline == context.start_time + COHORT_WAIT_FACTOR * 20.0 + 40.0 + CONTROL_SLACK_S
+    open_loop = _context(True, rate=2.0)
+    assert open_loop.deadline == open_loop.start_time + 20.0 + 40.0 + CONTROL_SLACK_S
     context.apply(PointControl(measure_from=context.start_time + 5.0, stop_at=context.start_time + 30.0))
     assert context.is_warmup(context.start_time + 4.9) and not context.is_warmup(context.start_time + 5.0)
     assert context.deadline == context.start_time + 30.0
