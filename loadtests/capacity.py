@@ -161,6 +161,11 @@ def search_capacity(base: LoadConfig, out: Path, run_at: RunPoint, console: Cons
         if run(users) is None and not _was_overloaded(search, users):
             search.stopped += f"; the refining point users-{users} could not be judged"
             return _save(out, search)
+    past = point_past_the_top(list(measured), refine_around(list(measured.values())), max_users) \
+        if plateaued and not search.overloaded else None
+    if past is not None and run(past) is None and not _was_overloaded(search, past):
+        search.stopped += f"; the point past the capacity, users-{past}, could not be judged"
+        return _save(out, search)
     _save(out, search)
     tokens_users = None if probed else tokens_experiment_users(_current(out, search), plateaued)
     if tokens_users is not None:
@@ -224,6 +229,20 @@ def refine_points(measured: list[int], around: int) -> list[int]:
         if lo < mid < hi and mid not in measured:
             out.append(mid)
     return out
+
+
+def point_past_the_top(measured: list[int], around: int, max_users: int) -> int | None:
+    """Users to add past a capacity (``around``, after the refining) at the heaviest point measured: the midpoint
+    toward the doubling the plateau left out; None when the capacity has a point past it or none may be added.
+
+    NOTE: what holds a server at its capacity is read past it (its queue, its batch); a search whose refined
+    capacity lands on its last point says nothing of it. The fifteenth hold's second run (2026-12-07) stopped
+    doubling at 16 users, filled in 12, whose reading then named 16, and its verdict was "not known"."""
+    top = max(measured, default=None)
+    if top is None or around != top:
+        return None
+    past = round((top + min(2 * top, max_users)) / 2)
+    return past if top < past <= max_users else None
 
 
 def overloaded_point(run_dir: Path) -> str | None:

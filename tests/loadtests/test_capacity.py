@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from loadtests.capacity import _Measured, doubling_plateau, refine_around, refine_points
+from loadtests.capacity import _Measured, doubling_plateau, point_past_the_top, refine_around, refine_points
 from loadtests.cli import main
 from loadtests.config import StopRule
 from loadtests.run.server_process import ServerProcess
@@ -103,6 +103,19 @@ def test_the_refining_points_go_around_the_capacity_not_the_last_rise() -> None:
     # With an SLO: around the most users whose SLO held, the lightest when none did.
     assert refine_around([_Measured(1, 20.0, True), _Measured(2, 38.0, True), _Measured(4, 50.0, False)]) == 2
     assert refine_around([_Measured(1, 20.0, False), _Measured(2, 30.0, False)]) == 1
+
+
+def test_a_capacity_on_the_heaviest_point_gets_one_point_past_it() -> None:
+    # The fifteenth hold's second run (AVX2 box, 2026-12-07): the doubling stopped at 16 users (8 and 16 not
+    # 1.15x and 1.32x over 4's 60.7), 12 was filled in and read 67.8 against 16's 79.4, so 16 was the capacity
+    # with nothing past it to tell what holds it.
+    points = _points((1, 21.9, 2.8), (2, 38.1, 3.3), (4, 60.7, 4.8), (8, 67.4, 6.2), (16, 79.4, 14.5),
+                     (12, 67.8, 16.0))
+    assert refine_around(points) == 16
+    assert point_past_the_top([p.users for p in points], 16, 32) == 24
+    assert point_past_the_top([1, 2, 4, 8, 12, 16], 12, 32) is None  # a point past the capacity already
+    assert point_past_the_top([1, 2, 4, 8, 16], 16, 16) is None  # --max-users: nothing may be added
+    assert point_past_the_top([1, 2, 4, 8, 16], 16, 20) == 18
 
 
 @pytest.mark.slow
