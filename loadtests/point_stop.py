@@ -50,7 +50,7 @@ MIN_MEASURE_S = 12.0
 # Fewest requests done inside the window, in units of the closed loop's users.
 MIN_TURNOVERS = 2
 # NOTE (COHORT_WAIT_FACTOR): until as many requests are done as users, every user is still on its first
-# request and the mix the load settles to has not begun: over 15 holds of the main job (2026-12-06/07, 2 cores,
+# request and the mix the load settles to has not begun: over 21 runs of the main job (2026-12-06/07, 2 cores,
 # smollm2-135m) that took a median 13, 17, 23 and 26 s at 12, 16, 24 and 32 users (at most 28 s) while the 10 s
 # cap opened every such window at 11.6 s, none of them steady, and 24-32-user windows then read 61-66 tok/s
 # where the same load gave 70-84 later on.
