@@ -1,11 +1,18 @@
-"""The closed loop's time outside the engine, which the replay adds to every request a user sends."""
+"""The replay's inputs: the closed loop's time outside the engine, which the replay adds to every request a user
+sends, and the window a point's stopping rule decided."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from reports.levers.replay_inputs import closed_loop_gap_s
+from reports.dataset import RunDataset
+from reports.levers.predictions import predict_levers
+from reports.levers.replay_inputs import closed_loop_gap_s, replay_inputs
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _loop(users: int, num: int, in_engine_s: float, outside_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -33,3 +40,17 @@ def test_a_request_the_engine_did_not_record_counts_by_its_client_e2e() -> None:
     some = engine.iloc[::2]  # half the requests missing from the engine's rows
     gap = closed_loop_gap_s(client, 2, some)
     assert 0.015 < gap < 0.025  # half of them still count their whole cycle as engine time
+
+
+def test_a_point_its_stopping_rule_ended_early_replays_its_window_not_its_duration_cap() -> None:
+    """Recorded (2026-12-07 02:51 UTC, rep19 run 2, 12 users, smollm2-135m on 2 cores, ``--duration 60``): the
+    point's interval was within ±5% after 26 s and its users stopped there. Replayed for the 60 s cap, the
+    replay sent on where the load had stopped while the measured rate counted the drain: +85.6%. (The plan is
+    cut to its first 200 requests; the point sent 53.)"""
+    data = RunDataset.load(FIXTURES / "early_stop")
+    window = data.load_info.window
+    _, load = replay_inputs(data)
+    assert load.duration_s == pytest.approx(window["stop_at"] - window["measure_from"])
+    assert load.duration_s < 30.0 < data.load_config["duration_s"]
+    check = predict_levers(data).replay_check
+    assert abs(check["throughput_error"]) < 0.05
