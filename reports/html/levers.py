@@ -54,8 +54,9 @@ class LeverSection(Section):
         if model is not None:
             t = model["total"]
             calibrated = bool(model.get("calibrated"))
+            per_step = "per-step ms over the calibrated step" if calibrated else "per-step overhead ms"
             out.append(table(
-                ["per-step ms over the calibrated step" if calibrated else "per-step overhead ms", "per prefill token us", "per decoding sequence us", "per context token us",
+                [per_step, "per prefill token us", "per decoding sequence us", "per context token us",
                  "held-out steps", "held-out mean abs error", "held-out total error"],
                 [[t["overhead_s"] * 1e3, t["prefill_token_s"] * 1e6, t["decode_seq_s"] * 1e6,
                   t["context_token_s"] * 1e6, model["num_holdout_steps"], share(model["holdout_mape"]),
