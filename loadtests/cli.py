@@ -49,9 +49,8 @@ DESCRIPTION = ("servescope answers why an LLM inference server is not faster, an
 
 # `servescope diagnose` with no flags: the bundled model, a chat-like workload cut to short answers, and
 # a capacity search whose points are capped to finish in about 5 minutes on 2 CPU cores (8 points of at
-# most 10 s warm-up, up to 30 s until the first users' requests are done, + 20 s measured + the drain).
-# ``users``, ``duration`` and ``warmup`` are a single point's (--users, --ablate); ``search_*`` each search
-# point's caps and interval target (--interval).
+# most 10 s warm-up, 30 s while its first requests run, + 20 s measured + the drain). ``users``, ``duration``,
+# ``warmup``: a single point's (--users, --ablate); ``search_*``: each search point's caps and --interval.
 DIAGNOSE_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": 64,
                      "search_duration": 20.0, "search_warmup": 10.0, "search_interval": 5.0}
 LOAD_DEFAULTS = {"users": 8, "duration": 60.0, "warmup": 10.0, "workload": "sharegpt-synth", "max_tokens": None,

@@ -175,6 +175,14 @@ class LoadInfo:
     window: dict[str, Any] | None = None  # a point with a stopping rule: its window and why (loadtests.point_stop)
 
     @property
+    def decided_window(self) -> tuple[float, float] | None:
+        """``(measure_from, stop_at)`` as a point's stopping rule decided them; None for a fixed window."""
+        w = self.window or {}
+        if w.get("measure_from") is None or w.get("stop_at") is None:
+            return None
+        return float(w["measure_from"]), float(w["stop_at"])
+
+    @property
     def lost_workers(self) -> list[LoadWorker]:
         return [w for w in self.workers or [] if w.lost is not None]
 

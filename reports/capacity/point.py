@@ -19,9 +19,9 @@ from reports.summary import PointMeasures
 def measured_window(data: RunDataset) -> tuple[float, float] | None:
     """The measured window ``(start, end)``: the one a point's stopping rule decided (``load.json``), else the
     duration from the first measured send; None without either."""
-    decided = data.load_info.window if data.load_info is not None else None
-    if decided and decided.get("measure_from") is not None and decided.get("stop_at") is not None:
-        return float(decided["measure_from"]), float(decided["stop_at"])
+    decided = data.load_info.decided_window if data.load_info is not None else None
+    if decided is not None:
+        return decided
     start, duration = data.window[0], data.load_config.get("duration_s")
     if not math.isfinite(start) or not duration:
         return None

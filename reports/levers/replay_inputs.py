@@ -64,12 +64,12 @@ def replay_inputs(data: RunDataset) -> tuple[list[SimRequest], ReplayLoad] | str
         # and a window of the full duration from there runs into the drain, which the replay, still sending,
         # does not have
         duration = min(duration, float(config["warmup_s"]) + float(config["duration_s"]) - warmup) or duration
-    decided = info.window if info is not None else None
-    if decided and decided.get("measure_from") is not None and decided.get("stop_at") is not None:
+    decided = info.decided_window if info is not None else None
+    if decided is not None:
         # NOTE: a point that its stopping rule ended sent until its decided window's end, not for its duration cap:
         # three 60 s points of a hold that ended at 26-43 s replayed 22-86% above what they measured, the replay
         # sending on where the load had stopped and the measured rate counted over the drain after it
-        duration = float(decided["stop_at"]) - float(decided["measure_from"])
+        duration = decided[1] - decided[0]
     gap = closed_loop_gap_s(rows, int(users), data.frame("requests")) if users else client_gap_s(data)
     return requests, ReplayLoad(users=int(users) if users else None, warmup_s=warmup, duration_s=duration,
                                 gap_s=gap)
