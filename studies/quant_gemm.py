@@ -29,7 +29,7 @@ import torch
 
 from engine.cpu_kernels import cpu_kernels
 from engine.cpu_kernels.quant_pack import pack_int4, pack_int8
-from engine.model.projection import Int4Projection, OneDnnPackedProjection
+from engine.model.projection import Int4Projection, packed_or_dense
 from engine.model.quant import Int4Groups, Int8Groups
 from probes.peaks import measure_peaks
 
@@ -98,15 +98,20 @@ def main(argv: list[str] | None = None) -> int:
 
     forms: dict[str, list[list[Callable[[torch.Tensor], torch.Tensor]]]] = {
         "kernel-q4": [[(lambda x, w=w: kernels.quant_gemm(x, w)) for w in layer] for layer in packed],
-        "onednn-bf16": [[OneDnnPackedProjection(w.bfloat16()) for w in layer] for layer in floats],
-        "onednn-f32": [[OneDnnPackedProjection(w) for w in layer] for layer in floats],
+        # NOTE: oneDNN's packed layout where this CPU has it (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT),
+        # else F.linear, as the engine itself chooses; the line below the header says which ran.
+        "dense-bf16": [[packed_or_dense(w.bfloat16()) for w in layer] for layer in floats],
+        "dense-f32": [[packed_or_dense(w) for w in layer] for layer in floats],
         "torch-int4-bf16": [[Int4Projection(Int4Groups.from_float(w), torch.bfloat16) for w in layer]
                             for layer in floats],
     }
-    dtypes = {"kernel-q4": torch.bfloat16, "onednn-bf16": torch.bfloat16, "onednn-f32": torch.float32,
+    dtypes = {"kernel-q4": torch.bfloat16, "dense-bf16": torch.bfloat16, "dense-f32": torch.float32,
               "torch-int4-bf16": torch.bfloat16}
     by_rows: dict[int, dict[str, float]] = {}
+    kinds = {name: getattr(layers[0][0], "kind", name) for name, layers in forms.items()}
+    report["kinds"] = kinds
     print(f"\n{'rows':>5} " + " ".join(f"{name:>16}" for name in forms) + "   (ms for 30 layers' projections)")
+    print(f"{'':5} " + " ".join(f"{kinds[name]:>16}" for name in forms))
     for rows in map(int, args.rows.split(",")):
         by_rows[rows] = {}
         for name, layers in forms.items():
