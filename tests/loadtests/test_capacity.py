@@ -27,13 +27,8 @@ def search_load(duration_s: int = 4) -> list[str]:
 
 
 def test_no_users_rate_or_sweep_means_a_search() -> None:
-    from loadtests.cli import (
-        DIAGNOSE_DEFAULTS,
-        build_parser,
-        configs_from_args,
-        diagnose_max_users,
-        is_search,
-    )
+    from loadtests.cli import build_parser
+    from loadtests.load_flags import DIAGNOSE_DEFAULTS, configs_from_args, diagnose_max_users, is_search
 
     parser = build_parser()
 
