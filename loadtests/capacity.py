@@ -40,8 +40,8 @@ from reports.summary import point_measures
 # A doubling rises when its throughput is at least this many times the best point's before it. Against the
 # best so far, not the last rise: one point read high (a 4-user point 10% over its curve) then held the next
 # two to 1.15x and 1.32x over it, and 5 of the 7 runs of the main job that stopped doubling at 16 users
-# (2026-12-07) stopped while 16 gained 1.16-1.25x over 8. A slow creep past a seat limit (under 1.15x a doubling) is still
-# no rise, two in a row end the search.
+# (2026-12-07) stopped while 16 gained 1.16-1.25x over 8. A slow creep past a seat limit (under 1.15x a
+# doubling) is still no rise; two in a row end the search.
 MIN_RISE = 1.15
 # Doubling stops after this many doublings in a row without a rise: one point that gains little, or
 # even less than the point before (a transient, a batch size the engine handles badly, a draw of long
