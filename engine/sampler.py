@@ -75,6 +75,16 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]
 
 
+def _argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (the first of equal maxima; a NaN counts as the maximum, as torch's does).
+
+    NOTE: numpy's for float32 on the CPU: torch's CPU argmax over one 49,152-token row took 52 us, numpy's 5
+    (2-core EPYC, 2026-12-07), 1% of a one-row decode step of SmolLM2-135M."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        return logits.numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 class Sampler:
     """Samples one token per row; seeded requests draw from their own generator.
 
@@ -100,9 +110,9 @@ class Sampler:
         greedy = [row for row, p in enumerate(params) if p.is_greedy]
         tokens = [0] * len(params)
         if len(greedy) == len(params):
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = _argmax_rows(logits)
         elif greedy:
-            for row, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+            for row, token in zip(greedy, _argmax_rows(logits[greedy]), strict=True):
                 tokens[row] = token
         for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
             if p.is_greedy:

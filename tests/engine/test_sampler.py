@@ -60,3 +60,17 @@ def test_a_draw_that_rounds_onto_the_total_lands_on_the_last_token_with_probabil
     probs[3], probs[700] = 0.5, 0.5
     monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones(1, dtype=torch.float64))  # u = 1
     assert draw(probs, torch.Generator()) == 700
+
+
+def test_greedy_rows_take_torchs_argmax_first_maximum_and_nan_alike() -> None:
+    """The greedy pick (numpy's argmax for float32 logits) is torch's: the first of equal maxima, a NaN first."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, float("nan"), 9.0, float("nan")], [-1.0, -1.0, -1.0, -2.0]])
+    sampler = Sampler(seed=0)
+    greedy = [SamplingParams(temperature=0.0)] * 3
+    want = logits.argmax(dim=-1).tolist()
+    assert want == [1, 1, 0]
+    for dtype in (torch.float32, torch.bfloat16):
+        assert sampler.sample(logits.to(dtype), ["a", "b", "c"], greedy).token_ids == want
+    mixed = [greedy[0], SamplingParams(temperature=1.0, seed=1), greedy[2]]
+    tokens = sampler.sample(logits, ["a", "b", "c"], mixed).token_ids
+    assert tokens[0] == 1 and tokens[2] == 0
