@@ -14,6 +14,7 @@ token, the mean and shortest agreeing prefix, and the largest last-position logi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -47,7 +48,8 @@ def engine_tokens(flags: str, prompt_ids: list[list[int]], num_tokens: int,
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(shlex.split(flags)))
-    fields = {k: getattr(config, k) for k in ("dtype", "weights", "execution", "attention_backend")}
+    # NOTE: every flag given (--int4-act-bits, --int4-dense-rows, ...), not only the dtype and weight form
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in ("model", "device")}
     llm = LLM("smollm2-135m", loaded=load_model("smollm2-135m", config.torch_dtype), device="cpu", **fields)
     outputs = llm.generate(prompt_ids, SamplingParams(max_tokens=num_tokens, ignore_eos=True))
     logit_error = None

@@ -5,10 +5,12 @@ depend on the values):
 
 - ``stream``: one pass over every projection of all 30 layers plus the Q8_0 LM head at a few row
   counts, the bytes of the codes read per second against this machine's copy bandwidth
-  (``probes/peaks.py``): a decode step's weight read, without the rest of the step.
-- ``rows``: per row count, the time of the 30 layers' projections through the kernel (Q4_1),
-  through oneDNN's prepacked dense weight in bfloat16 and float32, and through torch's int4 kernel:
-  where the kernel stops being the fastest is the crossover a step switches to a dense copy at.
+  (``probes/peaks.py``): a decode step's weight read, without the rest of the step; the layers with
+  16-bit and with 8-bit activations (``--int4-act-bits``; the head takes 16 in both).
+- ``rows``: per row count, the time of the 30 layers' projections through the kernel (Q4_1, 16-bit
+  and 8-bit activations), through oneDNN's prepacked dense weight in bfloat16 and float32, and through
+  torch's int4 kernel: where the kernel stops being the fastest is the crossover a step switches to a
+  dense copy at.
 
 Run under the exclusive lock::
 
@@ -82,22 +84,26 @@ def main(argv: list[str] | None = None) -> int:
           f"copy bandwidth {copy_bw / 1e9:.1f} GB/s ({peaks.method})")
 
     inputs = {k: torch.randn(512, k, generator=gen) for k in (576, 1536)}
-    stream = {}
-    for rows in map(int, args.stream_rows.split(",")):
-        def one_pass(rows: int = rows) -> None:
-            for layer in packed:
-                for w in layer:
-                    kernels.quant_gemm(inputs[w.num_cols][:rows], w)
-            kernels.quant_gemm(inputs[576][:rows], head)
-        seconds = best_of(one_pass, args.repeats)
-        stream[rows] = {"ms": seconds * 1e3, "gb_s": stream_bytes / seconds / 1e9,
-                        "of_copy_bandwidth": stream_bytes / seconds / copy_bw}
-        print(f"stream {stream_bytes / 1e6:.1f} MB at {rows:3d} rows: {seconds * 1e3:6.2f} ms, "
-              f"{stream_bytes / seconds / 1e9:5.1f} GB/s = {stream_bytes / seconds / copy_bw:.0%} of copy")
+    stream: dict[str, dict[int, dict[str, float]]] = {}
+    for act_bits in (16, 8):
+        stream[f"a{act_bits}"] = {}
+        for rows in map(int, args.stream_rows.split(",")):
+            def one_pass(rows: int = rows, act_bits: int = act_bits) -> None:
+                for layer in packed:
+                    for w in layer:
+                        kernels.quant_gemm(inputs[w.num_cols][:rows], w, act_bits=act_bits)
+                kernels.quant_gemm(inputs[576][:rows], head)
+            seconds = best_of(one_pass, args.repeats)
+            stream[f"a{act_bits}"][rows] = {"ms": seconds * 1e3, "gb_s": stream_bytes / seconds / 1e9,
+                                            "of_copy_bandwidth": stream_bytes / seconds / copy_bw}
+            print(f"stream {stream_bytes / 1e6:.1f} MB at {rows:3d} rows, {act_bits:2d}-bit activations: "
+                  f"{seconds * 1e3:6.2f} ms, {stream_bytes / seconds / 1e9:5.1f} GB/s = "
+                  f"{stream_bytes / seconds / copy_bw:.0%} of copy")
     report["stream"] = stream
 
     forms: dict[str, list[list[Callable[[torch.Tensor], torch.Tensor]]]] = {
         "kernel-q4": [[(lambda x, w=w: kernels.quant_gemm(x, w)) for w in layer] for layer in packed],
+        "kernel-q4-a8": [[(lambda x, w=w: kernels.quant_gemm(x, w, act_bits=8)) for w in layer] for layer in packed],
         # NOTE: oneDNN's packed layout where this CPU has it (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT),
         # else F.linear, as the engine itself chooses; the line below the header says which ran.
         "dense-bf16": [[packed_or_dense(w.bfloat16()) for w in layer] for layer in floats],
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch-int4-bf16": [[Int4Projection(Int4Groups.from_float(w), torch.bfloat16) for w in layer]
                             for layer in floats],
     }
-    dtypes = {"kernel-q4": torch.bfloat16, "dense-bf16": torch.bfloat16, "dense-f32": torch.float32,
+    dtypes = {"kernel-q4": torch.bfloat16, "kernel-q4-a8": torch.bfloat16, "dense-bf16": torch.bfloat16, "dense-f32": torch.float32,
               "torch-int4-bf16": torch.bfloat16}
     by_rows: dict[int, dict[str, float]] = {}
     kinds = {name: getattr(layers[0][0], "kind", name) for name, layers in forms.items()}
