@@ -16,6 +16,7 @@ ExecutionMode = Literal["eager", "optimized"]
 AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
 KVLayout = Literal["paged", "contiguous"]
 WeightsForm = Literal["dense", "int8", "int4"]
+Int4ActBits = Literal[16, 8]
 
 # NOTE: names, not torch dtypes: the command line parses these flags before (or without) importing torch
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -61,9 +62,14 @@ class EngineConfig:
     execution: ExecutionMode = _flag("optimized", "eager PyTorch, or fused and prepacked kernels (CUDA graphs on GPU)")
     weights: WeightsForm = _flag("dense", "GEMM weights: dense in --dtype; int8 (one scale per row, torch's kernel, "
                                           "fast with --dtype bfloat16) or int4 (the GGUF's own Q4_1 groups of 32, "
-                                          "LM head its Q8_0: multiplied by the C kernel built for this CPU with "
-                                          "16-bit activations, every all-decode step one fused C call; torch's "
-                                          "int4 kernel where the C kernels cannot build). CPU only")
+                                          "LM head its Q8_0: multiplied by the C kernel built for this CPU, "
+                                          "every all-decode step one fused C call; torch's int4 kernel where the "
+                                          "C kernels cannot build). CPU only")
+    int4_act_bits: Int4ActBits | None = _flag(None, "with --weights int4 on the C kernel: the Q4_1 projections' "
+                                                    "activations quantized per group of 32 to 16 bits, or to 8 "
+                                                    "(llama.cpp's Q8_1: about half the kernel's instructions, "
+                                                    "each activation within 1/254 of its group's largest). "
+                                                    "The Q8_0 LM head always takes 16. Default: 16")
     int4_dense_rows: int | None = _flag(None, "with --weights int4 on the C kernel: steps of at least this many rows "
                                               "(prompt chunks) multiply a dense copy of the weights in --dtype "
                                               "instead of the 4-bit codes; the copy costs 2 bytes per weight in "
@@ -95,8 +101,11 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.weights not in ("dense", "int8", "int4"):
             raise ValueError(f"weights must be 'dense', 'int8' or 'int4', got {self.weights!r}")
-        if self.int4_dense_rows is not None and self.weights != "int4":
-            raise ValueError(f"int4_dense_rows applies to weights='int4', not {self.weights!r}")
+        for name in ("int4_dense_rows", "int4_act_bits"):
+            if getattr(self, name) is not None and self.weights != "int4":
+                raise ValueError(f"{name} applies to weights='int4', not {self.weights!r}")
+        if self.int4_act_bits not in (None, 8, 16):
+            raise ValueError(f"int4_act_bits must be 8 or 16, got {self.int4_act_bits!r}")
         if self.execution not in ("eager", "optimized"):
             raise ValueError(f"execution must be 'eager' or 'optimized', got {self.execution!r}")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):

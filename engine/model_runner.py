@@ -112,7 +112,8 @@ class ModelRunner:
         kernels = self._quant_kernels() if projection == "int4" else None
         return ModelWeights(loaded.config, loaded.state_dict, self.config.torch_dtype, self.device, projection,
                             loaded.int4_weights, loaded.source, kernels, loaded.int8_weights,
-                            self._int4_dense_rows() if kernels is not None else None)
+                            self._int4_dense_rows() if kernels is not None else None,
+                            self.config.int4_act_bits or 16)
 
     def _int4_dense_rows(self) -> int | None:
         """Rows from which an int4 step multiplies a dense copy instead of the codes; None: no copy is kept.

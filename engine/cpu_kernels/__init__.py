@@ -36,8 +36,8 @@ _PTR = ctypes.c_void_p
 _ARGTYPES = [_PTR, _PTR, _PTR, _PTR, _INT64, _PTR, _PTR, _INT64, _INT64, _INT64, _INT64, _INT64, ctypes.c_float,
              ctypes.c_int]
 _INT = ctypes.c_int
-_QUANT_GEMM_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _INT, _INT64, _PTR, _INT, _INT]
-_QUANT_ACTS_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _PTR, _PTR]
+_QUANT_GEMM_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _PTR, _INT, _INT, _INT64, _PTR, _INT, _INT]
+_QUANT_ACTS_ARGTYPES = [_PTR, _INT, _INT64, _INT64, _INT, _PTR, _PTR, _PTR]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +85,18 @@ class CpuKernels:
         return self.paged_decode(query.contiguous(), k_cache, v_cache, meta.decode_block_tables,
                                  meta.decode_seq_lens, scale)
 
-    def quant_gemm(self, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [M, K] @ weight.T`` (float32 or bfloat16, the output in x's dtype) over the packed codes."""
+    def quant_gemm(self, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor | None = None,
+                   act_bits: int = 16) -> torch.Tensor:
+        """``x [M, K] @ weight.T`` (float32 or bfloat16, the output in x's dtype) over the packed codes, the
+        activations quantized to ``act_bits`` (16; or 8, for 4-bit weights only)."""
         if x.dtype not in (torch.float32, torch.bfloat16) or x.device.type != "cpu" or x.dim() != 2:
             raise TypeError(f"quant_gemm takes a 2-D float32 or bfloat16 CPU tensor, got {x.dtype} {tuple(x.shape)} "
                             f"on {x.device}")
         if x.shape[1] != weight.num_cols:
             raise ValueError(f"quant_gemm: x has {x.shape[1]} columns, the weight {weight.num_cols}")
+        if act_bits not in (8, 16) or (act_bits == 8 and weight.bits != 4):
+            raise ValueError(f"quant_gemm multiplies 16-bit activations, or 8-bit ones with 4-bit weights; "
+                             f"not {act_bits}-bit with {weight.bits}-bit")
         x = x.contiguous()
         if out is None:
             out = x.new_empty((x.shape[0], weight.num_rows))
@@ -99,20 +104,23 @@ class CpuKernels:
             raise ValueError(f"quant_gemm: out must be contiguous {x.dtype} {(x.shape[0], weight.num_rows)}")
         is_bf16 = int(x.dtype == torch.bfloat16)
         rc = self.library.quant_gemm(x.data_ptr(), is_bf16, x.shape[0], x.shape[1], weight.data.data_ptr(),
-                                     weight.bits, weight.num_rows, out.data_ptr(), is_bf16, torch.get_num_threads())
+                                     weight.bits, act_bits, weight.num_rows, out.data_ptr(), is_bf16,
+                                     torch.get_num_threads())
         if rc != 0:
             raise MemoryError("quant_gemm could not allocate its activation scratch") if rc == -1 else \
                 ValueError(f"quant_gemm refused its arguments (code {rc})")
         return out
 
-    def quantize_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The kernel's own int16 activations of ``x [M, K]``: ``(codes, steps, sums of x)`` per group of 32."""
+    def quantize_activations(self, x: torch.Tensor, act_bits: int = 16) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+        """The kernel's own ``act_bits`` activations of ``x [M, K]``: ``(codes, steps, sums of x)`` per group of
+        32, the codes as int16 in order whatever their width."""
         x = x.contiguous()
         num_rows, num_cols = x.shape
         codes = torch.empty((num_rows, num_cols), dtype=torch.int16)
         steps, sums = (torch.empty((num_rows, num_cols // 32)) for _ in range(2))
         rc = self.library.quant_activations(x.data_ptr(), int(x.dtype == torch.bfloat16), num_rows, num_cols,
-                                            codes.data_ptr(), steps.data_ptr(), sums.data_ptr())
+                                            act_bits, codes.data_ptr(), steps.data_ptr(), sums.data_ptr())
         if rc != 0:
             raise ValueError(f"quant_activations refused its arguments (code {rc})")
         return codes, steps, sums

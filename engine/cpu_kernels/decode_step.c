@@ -25,6 +25,7 @@ typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
     int32_t is_bf16; /* activations, norm weights and KV cache in bfloat16; else float32 */
+    int32_t act_bits; /* the projections' activations in 8 or 16 bits (quant_gemv.c) */
     const uint8_t *const *qkv, *const *o, *const *gate_up, *const *down; /* [num_layers] packed Q4 weights */
     const void *const *input_norm, *const *post_norm;                    /* [num_layers] [hidden] */
     const void *final_norm;                                              /* [hidden] */
@@ -185,7 +186,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
         quant_scratch_split(quant, M, H * D, num_threads, &acts_hd, &rows_hd);
         add_rms_norm_rows(md, M, NULL, residual, hidden, md->input_norm[0]);
         for (int64_t l = 0; l < md->num_layers; l++) {
-            quant_gemm_team(hidden, bf, M, n, md->qkv[l], 4, width, qkv, bf, &acts_n, rows_n);
+            quant_gemm_team(hidden, bf, M, n, md->qkv[l], 4, md->act_bits, width, qkv, bf, &acts_n, rows_n);
             rope_and_store(md, l, M, qkv, q, positions, slots);
             if (bf)
                 paged_decode_team_bf16(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
@@ -195,11 +196,11 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
                 paged_decode_team_f32(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
                                       H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
                                       partial);
-            quant_gemm_team(attn, bf, M, H * D, md->o[l], 4, n, tmp, bf, &acts_hd, rows_hd);
+            quant_gemm_team(attn, bf, M, H * D, md->o[l], 4, md->act_bits, n, tmp, bf, &acts_hd, rows_hd);
             add_rms_norm_rows(md, M, tmp, residual, hidden, md->post_norm[l]);
-            quant_gemm_team(hidden, bf, M, n, md->gate_up[l], 4, 2 * I, gate_up, bf, &acts_n, rows_n);
+            quant_gemm_team(hidden, bf, M, n, md->gate_up[l], 4, md->act_bits, 2 * I, gate_up, bf, &acts_n, rows_n);
             silu_mul_rows(md, M, gate_up, act);
-            quant_gemm_team(act, bf, M, I, md->down[l], 4, n, tmp, bf, &acts_i, rows_i);
+            quant_gemm_team(act, bf, M, I, md->down[l], 4, md->act_bits, n, tmp, bf, &acts_i, rows_i);
             const void *next = l + 1 < md->num_layers ? md->input_norm[l + 1] : md->final_norm;
             add_rms_norm_rows(md, M, tmp, residual, hidden, next);
         }

@@ -28,7 +28,7 @@ class _DecodeModel(ctypes.Structure):
 
     _fields_ = [("num_layers", _I64), ("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64),
                 ("head_dim", _I64), ("intermediate", _I64), ("block_size", _I64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int32), ("qkv", _PTR), ("o", _PTR),
+                ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int32), ("act_bits", ctypes.c_int32), ("qkv", _PTR), ("o", _PTR),
                 ("gate_up", _PTR), ("down", _PTR), ("input_norm", _PTR), ("post_norm", _PTR),
                 ("final_norm", _PTR), ("k_cache", _PTR), ("v_cache", _PTR), ("cos", _PTR), ("sin", _PTR)]
 
@@ -67,7 +67,8 @@ class FusedDecodeStep:
             num_layers=len(layers), hidden=config.hidden_size, num_heads=attn0.num_heads,
             num_kv_heads=attn0.num_kv_heads, head_dim=attn0.head_dim, intermediate=config.intermediate_size,
             block_size=kv_caches[0][0].shape[1], eps=inner.norm.eps, scale=attn0.scale,
-            is_bf16=int(self._dtype == torch.bfloat16), final_norm=inner.norm.weight.data_ptr(),
+            is_bf16=int(self._dtype == torch.bfloat16), act_bits=attn0.qkv_proj.act_bits,
+            final_norm=inner.norm.weight.data_ptr(),
             cos=cos.data_ptr(), sin=sin.data_ptr(), **{k: v.data_ptr() for k, v in self._tables.items()})
         self._fn = kernels.library.decode_step
         self._fn.argtypes = [ctypes.POINTER(_DecodeModel), _I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR,
@@ -97,10 +98,14 @@ def why_not_fused(model: LlamaForCausalLM, kv_caches: list[KVCache]) -> str | No
         return f"dtype {dtype} (it runs float32 and bfloat16)"
     if inner.embed_tokens.device.type != "cpu":
         return f"the model is on {inner.embed_tokens.device}"
+    act_bits = set()
     for layer in inner.layers:
         for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if not isinstance(proj, KernelQuantProjection) or proj.packed.bits != 4:
                 return f"a projection is {proj.kind}, not int4-kernel"
+            act_bits.add(proj.act_bits)
+    if len(act_bits) > 1:
+        return f"the projections quantize their activations to different widths ({sorted(act_bits)} bits)"
     head_dim = inner.layers[0].self_attn.head_dim
     if head_dim % 2 or inner.rotary.cos.dtype != torch.float32:
         return "the rotary table is not float32 over an even head dimension"

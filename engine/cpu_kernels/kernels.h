@@ -44,17 +44,20 @@ static inline __attribute__((always_inline)) float exp_f32(float x) {
     return p * scale.f;
 }
 
-/* Activations of M rows quantized per group of 32: xq [M, K] int16, dx [M, G] steps, sx [M, G] = sum(x). */
+/* Activations of M rows quantized per group of 32: codes, dx [M, G] steps, sx [M, G] = sum(x). The codes are
+ * xq [M, K] int16 (16-bit activations) or x8 [M, 4K] int8 (8-bit, in the layout quant_gemv.c's 8-bit tile
+ * reads); both point at the same scratch, one call uses one. */
 typedef struct {
     int16_t *xq;
+    int8_t *x8;
     float *dx;
     float *sx;
 } QuantActs;
 
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads);
 void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, QuantActs *a, float **rows);
-void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
-                     void *out, int out_bf16, const QuantActs *acts, float *rows);
+void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int act_bits,
+                     int64_t N, void *out, int out_bf16, const QuantActs *acts, float *rows);
 
 void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *max_len, int64_t *num_items);
 void paged_decode_team_f32(const float *q, const float *kc, const float *vc, const int64_t *tables,

@@ -39,12 +39,25 @@ static inline float f32_round(float x) { return x; }
 static inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 /* q . k and acc += w * v over one head's D values (float32 q and acc; k and v in the storage type). NOTE:
- * written with AVX-512 where the CPU has it and D is whole vectors: left to the compiler inside the kernel's
- * loops, the dot products ran as scalar chains, 50 cycles per 64-value dot and weighted add. */
-#if defined(__AVX512F__)
+ * written with AVX-512 (or AVX2 and FMA) where the CPU has it and D is whole vectors: left to the compiler
+ * inside the kernel's loops, the dot products ran as scalar chains, 50 cycles per 64-value dot and weighted
+ * add. */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
 static inline __m512 bf16x16_to_f32(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define PD_AVX2 1
+static inline __m256 bf16x8_to_f32(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #endif
 
@@ -54,6 +67,17 @@ static inline __m512 bf16x16_to_f32(const uint16_t *p) {
         __m512 s = _mm512_setzero_ps();                                                                    \
         for (int64_t d = 0; d < D; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), LOADV(k + d), s);  \
         return _mm512_reduce_add_ps(s);                                                                    \
+    }
+#elif defined(PD_AVX2)
+/* two chains of 8, so one dot is not bound by the FMA's latency */
+#define DOT_FAST(LOADV)                                                                                     \
+    if (D % 16 == 0) {                                                                                     \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                                         \
+        for (int64_t d = 0; d < D; d += 16) {                                                              \
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), LOADV(k + d), s0);                                \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), LOADV(k + d + 8), s1);                        \
+        }                                                                                                  \
+        return hsum256(_mm256_add_ps(s0, s1));                                                             \
     }
 #else
 #define DOT_FAST(LOADV)
@@ -65,8 +89,13 @@ static inline float dot_##SUFFIX(const float *q, const T *k, int64_t D) {       
     for (int64_t d = 0; d < D; d++) s += q[d] * LOAD(k[d]);                                                \
     return s;                                                                                              \
 }
+#if defined(PD_AVX2)
+DEFINE_DOT(f32, float, f32_load, _mm256_loadu_ps)
+DEFINE_DOT(bf16, uint16_t, bf16_to_f32, bf16x8_to_f32)
+#else
 DEFINE_DOT(f32, float, f32_load, _mm512_loadu_ps)
 DEFINE_DOT(bf16, uint16_t, bf16_to_f32, bf16x16_to_f32)
+#endif
 
 /* acc[0 .. D) += sum over j < n of w[j] * v[j * stride + 0 .. D): one head's weighted values over a block of
  * tokens. NOTE: the sums stay in registers across the block (NV vectors of 16, a constant per case); added
@@ -86,6 +115,21 @@ static inline void weighted_rows_##SUFFIX##_nv(float *acc, const float *w, const
 }
 DEFINE_WEIGHTED_ROWS(f32, float, _mm512_loadu_ps)
 DEFINE_WEIGHTED_ROWS(bf16, uint16_t, bf16x16_to_f32)
+#elif defined(PD_AVX2)
+/* the same in vectors of 8: at most 8 of them (64 values) in registers, a wider head in slices of 64 */
+#define DEFINE_WEIGHTED_ROWS(SUFFIX, T, LOADV)                                                              \
+static inline void weighted_rows_##SUFFIX##_nv(float *acc, const float *w, const T *v, int64_t stride, int64_t n, \
+                                               const int nv) {                                              \
+    __m256 a[8];                                                                                           \
+    for (int i = 0; i < nv; i++) a[i] = _mm256_loadu_ps(acc + 8 * i);                                      \
+    for (int64_t j = 0; j < n; j++) {                                                                      \
+        const __m256 wv = _mm256_set1_ps(w[j]);                                                            \
+        for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(wv, LOADV(v + j * stride + 8 * i), a[i]);     \
+    }                                                                                                      \
+    for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);                                      \
+}
+DEFINE_WEIGHTED_ROWS(f32, float, _mm256_loadu_ps)
+DEFINE_WEIGHTED_ROWS(bf16, uint16_t, bf16x8_to_f32)
 #endif
 
 #define DEFINE_WEIGHTED_ROWS_ANY(SUFFIX, T, LOAD)                                                           \
@@ -102,6 +146,12 @@ static inline void weighted_rows_##SUFFIX(float *acc, const float *w, const T *v
     case 64: weighted_rows_##SUFFIX##_nv(acc, w, v, stride, n, 4); return;                                 \
     case 128: weighted_rows_##SUFFIX##_nv(acc, w, v, stride, n, 8); return;                                \
     default: break;                                                                                        \
+    }
+#elif defined(PD_AVX2)
+#define WEIGHTED_ROWS_FAST(SUFFIX)                                                                          \
+    if (D % 64 == 0) {                                                                                     \
+        for (int64_t d = 0; d < D; d += 64) weighted_rows_##SUFFIX##_nv(acc + d, w, v + d, stride, n, 8);  \
+        return;                                                                                            \
     }
 #else
 #define WEIGHTED_ROWS_FAST(SUFFIX)

@@ -9,9 +9,9 @@
  * 16-bit products per 32-bit lane; AVX2 pmaddwd; or plain C) and sum exactly in int32:
  *   Q4:  d * dx * sum(code * xq) + mn * sum(x)      (sum(x) unquantized: the min term adds no error)
  *   Q8:  d * dx * sum(code * xq)
- * NOTE: 16-bit, not llama.cpp's 8-bit activations: each activation moves by at most 1/65534 of its group's
- * largest, 256 times less than with int8, for the same weight bytes. A decode step is bound by reading the
- * weights, so the extra instructions cost no time there (tests/benchmarks/quant_gemm.py measures it).
+ * NOTE: 16-bit by default, not llama.cpp's 8-bit activations: each activation moves by at most 1/65534 of its
+ * group's largest, 258 times less than with int8, for the same weight bytes. With AVX-512 VNNI a decode step
+ * is bound by reading the weights, so the extra instructions cost no time there; on AVX2 they do (below).
  *
  * Packed weight layout (engine/cpu_kernels/quant_pack.py writes it): output rows in tiles of 16 (rows padded
  * with zeros to a multiple of 16), one record per (tile, group), records ordered tile-major so one thread
@@ -24,6 +24,18 @@
  *   Q8 record (544 bytes = 16 rows x 34, Q8_0's own size): 8 blocks q of 64 signed codes, k = 4q + e in pair 0,
  *     k = 4q + 2 + e in pair 1; then d[16] float16.
  * The AVX2 and C builds read the same layout (AVX2 as two halves of 8 rows).
+ *
+ * 8-bit activations (act_bits 8, Q4 weights only): xq = round(x * (127 / max|x|)), dx = max|x| * (1 / 127), as
+ * llama.cpp's Q8_1; each activation moves by up to 1/254 of its group's largest. The dot products take one
+ * vpmaddubsw per 32 codes (unsigned 4-bit code times signed 8-bit activation, pairs summed in int16: at most
+ * 8 x 2 x 15 x 127 = 30480 over a group, no saturation) where the 16-bit path takes two vpmaddwd after widening
+ * the codes to 16 bits: about half the instructions per weight byte, which is what a one-row GEMV on AVX2 is
+ * bound by (studies/quant_gemm.py: 1.4-1.8x the 16-bit GEMV's rate from cache, 2-core AVX2 EPYC, 2026-12-07).
+ * A row's activations are stored 128 bytes a group: per quad b (activations 4b .. 4b + 3) 16 bytes in the
+ * weights' pair order, (x[4b], x[4b + 1]) four times, then (x[4b + 2], x[4b + 3]) four times, so that one
+ * 16-byte broadcast meets the four rows of a 128-bit lane of nibbles as they lie.
+ * NOTE: the 8-bit tile is AVX2 code in the AVX2 and AVX-512 builds (no vpdpbusd version yet), plain C otherwise.
+ *
  * NOTE: the activations' quantization is the same in every build (the same float operations rounded the same
  * way) and the integer sums are exact, so every build gives the same outputs.
  */
@@ -40,18 +52,35 @@ static inline int omp_team_size(void) { return 1; }
 
 #include "kernels.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define QG_AVX512_VNNI 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
 #define QG_AVX2 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QG_A8_AVX2 1 /* the 8-bit-activation tile in AVX2 (also in the AVX-512 build) */
 #endif
 
 #define TILE 16
 #define GROUP 32
 #define Q4_RECORD 320
 #define Q8_RECORD 544
+
+/* Bytes ahead of the record being multiplied that the tiles ask the cache for. NOTE: the hardware prefetcher
+ * alone left a one-row step of SmolLM2 (120 GEMVs of 0.2 to 1.1 MB, each a fresh stream it must learn) at
+ * 2.84 ms; asking 1, 2 or 4 KB ahead gave 2.46, 2.44 and 2.52 (2-core AVX2 EPYC, 8-bit activations,
+ * 2026-12-07). A thread's tiles are consecutive records, so ahead is where it reads next; past a weight's
+ * end the hint only costs a line. */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 2048
+#endif
+
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *rec, int bytes) {
+    for (int line = 0; line < bytes; line += 64) __builtin_prefetch(rec + PREFETCH_BYTES + line, 0, 3);
+}
 /* Activation rows sharing one widened tile group: its 16 registers plus one accumulator per row stay in
  * registers (AVX-512 has 32; AVX2's 16 spill anyway, so it keeps blocks small). */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -71,7 +100,7 @@ const char *quant_gemv_isa(void) {
 }
 
 static inline float f16_to_f32(uint16_t h) {
-#if defined(QG_AVX512_VNNI) || defined(QG_AVX2)
+#if defined(__F16C__)
     return _cvtsh_ss(h);
 #else
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -89,7 +118,7 @@ static inline float f16_to_f32(uint16_t h) {
 }
 
 
-static void quantize_row(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
+static void quantize_row16(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
         float amax = 0.0f, sum = 0.0f;
@@ -106,8 +135,38 @@ static void quantize_row(const float *x, int64_t K, int16_t *xq, float *dx, floa
     }
 }
 
-/* Row m of x (float32 or bfloat16) into QuantActs; `row` is K floats of scratch. */
-static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, const QuantActs *a, float *row) {
+/* Offset of activation k of a group in its 128 bytes of 8-bit codes (the first of its four copies). */
+static inline int a8_offset(int k) { return 16 * (k / 4) + (k % 4 >= 2 ? 8 : 0) + (k % 2); }
+
+/* 8-bit codes of one row in the 8-bit tile's layout (4 copies of each code, 128 bytes a group). */
+static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, float *sx) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const float *xg = x + g * GROUP;
+        float amax = 0.0f, sum = 0.0f;
+        for (int k = 0; k < GROUP; k++) {
+            const float a = fabsf(xg[k]);
+            amax = a > amax ? a : amax;
+            sum += xg[k];
+        }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t codes[GROUP];
+        for (int k = 0; k < GROUP; k++) codes[k] = (int8_t)nearbyintf(xg[k] * inv);
+        int8_t *out = x8 + g * 4 * GROUP;
+        for (int b = 0; b < GROUP / 4; b++)
+            for (int r = 0; r < 4; r++) {
+                out[16 * b + 2 * r] = codes[4 * b];
+                out[16 * b + 2 * r + 1] = codes[4 * b + 1];
+                out[16 * b + 8 + 2 * r] = codes[4 * b + 2];
+                out[16 * b + 8 + 2 * r + 1] = codes[4 * b + 3];
+            }
+        dx[g] = amax * (1.0f / 127.0f);
+        sx[g] = sum;
+    }
+}
+
+/* Row m of x (float32 or bfloat16) into QuantActs, in act_bits; `row` is K floats of scratch. */
+static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, int act_bits, const QuantActs *a,
+                         float *row) {
     const float *src;
     if (x_bf16) {
         const uint16_t *xb = (const uint16_t *)x + m * K;
@@ -117,7 +176,20 @@ static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, const 
         src = (const float *)x + m * K;
     }
     const int64_t G = K / GROUP;
-    quantize_row(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
+    if (act_bits == 8) quantize_row8(src, K, a->x8 + m * 4 * K, a->dx + m * G, a->sx + m * G);
+    else quantize_row16(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
+}
+
+/* Byte of row r's pair-ordered code k within a block of 64 (k < 4: pair 0 at e = k, pair 1 at e = k - 2). */
+static inline int code_byte(int r, int k) {
+    return 16 * (r / 4) + (k < 2 ? 0 : 8) + 2 * (r % 4) + (k % 2);
+}
+
+static inline int32_t code_at(const uint8_t *rec, int bits, int r, int k) {
+    if (bits == 8) return (int8_t)rec[64 * (k / 4) + code_byte(r, k % 4)];
+    const int c = k % 16;
+    const uint8_t byte = rec[64 * (c / 4) + code_byte(r, c % 4)];
+    return k < 16 ? (byte & 0x0f) : (byte >> 4);
 }
 
 static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int64_t m0, int64_t n0, int64_t N,
@@ -184,6 +256,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
     for (int64_t g = 0; g < G; g++, rec += record) {
         __m512i u[16];
         __m512 d, mn = _mm512_setzero_ps();
+        prefetch_ahead(rec, (int)record);
         if (bits == 4) {
             q4_widen(rec, u);
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
@@ -241,6 +314,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
     for (int64_t g = 0; g < G; g++, rec += record) {
+        prefetch_ahead(rec, (int)record);
         for (int h = 0; h < 2; h++) {
             __m256i u[16];
             __m256 d, mn = _mm256_setzero_ps();
@@ -271,18 +345,6 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
 
 #else /* plain C */
 
-/* Byte of row r's pair-ordered code k within a block of 64 (k < 4: pair 0 at e = k, pair 1 at e = k - 2). */
-static inline int code_byte(int r, int k) {
-    return 16 * (r / 4) + (k < 2 ? 0 : 8) + 2 * (r % 4) + (k % 2);
-}
-
-static inline int32_t code_at(const uint8_t *rec, int bits, int r, int k) {
-    if (bits == 8) return (int8_t)rec[64 * (k / 4) + code_byte(r, k % 4)];
-    const int c = k % 16;
-    const uint8_t byte = rec[64 * (c / 4) + code_byte(r, c % 4)];
-    return k < 16 ? (byte & 0x0f) : (byte >> 4);
-}
-
 static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const QuantActs *a, int64_t K, int64_t m0,
                              int MB, float *acc_out) {
     for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
@@ -305,20 +367,93 @@ static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const Quan
 
 #endif
 
+/* The 8-bit-activation tile: Q4 codes times 8-bit activations (see the top). */
+#if defined(QG_A8_AVX2)
+
+/* One tile's 16 rows, activation rows m0 .. m0 + MB - 1, into acc_out [MB][16]; each half of 8 rows in turn (its
+ * records' lines are in L1 for the second half). */
+static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *rec0, int64_t G, const QuantActs *a,
+                                                               int64_t K, int64_t m0, int MB, float *acc_out) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    /* per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3) */
+    const __m256i rows_together = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                                   0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[MBLOCK];
+        for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+        const uint8_t *rec = rec0;
+        for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
+            __m256i c[8]; /* c[b]: codes 4b .. 4b + 3 of the half's 8 rows, as bytes in pair order */
+            if (h == 0) prefetch_ahead(rec, Q4_RECORD);
+            for (int p = 0; p < 4; p++) {
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+                c[p] = _mm256_and_si256(packed, low);
+                c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            for (int i = 0; i < MB; i++) {
+                const int64_t m = m0 + i;
+                const int8_t *xa = a->x8 + m * 4 * K + g * 4 * GROUP;
+                __m256i sum = _mm256_setzero_si256();
+                for (int b = 0; b < 8; b++) {
+                    const __m256i xb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * b)));
+                    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(c[b], xb));
+                }
+                const __m256i dot = _mm256_madd_epi16(_mm256_shuffle_epi8(sum, rows_together), ones);
+                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
+                acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i]);
+                acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i]);
+            }
+        }
+        for (int i = 0; i < MB; i++) _mm256_storeu_ps(acc_out + i * TILE + 8 * h, acc[i]);
+    }
+}
+
+#else /* plain C */
+
+static inline void gemm_tile_a8(const uint8_t *rec, int64_t G, const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                float *acc_out) {
+    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
+    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
+        const uint16_t *dh = (const uint16_t *)(rec + 256), *mh = (const uint16_t *)(rec + 288);
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const int8_t *xa = a->x8 + m * 4 * K + g * 4 * GROUP;
+            for (int r = 0; r < TILE; r++) {
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += code_at(rec, 4, r, k) * xa[a8_offset(k)];
+                float *acc = acc_out + i * TILE + r;
+                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
+                *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
+            }
+        }
+    }
+}
+
+#endif
+
 #define TILE_CASE(BITS, ROWS) \
     case ROWS: gemm_tile(rec, BITS, G, acts, K, m0, ROWS, acc); break;
+#define TILE_CASE_A8(ROWS) \
+    case ROWS: gemm_tile_a8(rec, G, acts, K, m0, ROWS, acc); break;
 #if MBLOCK == 8
 #define TILE_CASES(BITS) TILE_CASE(BITS, 8) TILE_CASE(BITS, 7) TILE_CASE(BITS, 6) TILE_CASE(BITS, 5) \
     TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#define TILE_CASES_A8 TILE_CASE_A8(8) TILE_CASE_A8(7) TILE_CASE_A8(6) TILE_CASE_A8(5) \
+    TILE_CASE_A8(4) TILE_CASE_A8(3) TILE_CASE_A8(2) TILE_CASE_A8(1)
 #else
 #define TILE_CASES(BITS) TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#define TILE_CASES_A8 TILE_CASE_A8(4) TILE_CASE_A8(3) TILE_CASE_A8(2) TILE_CASE_A8(1)
 #endif
 
 /* `rows` (1 .. MBLOCK) activation rows from m0 through one tile. NOTE: each case passes constants, so it
  * compiles to its own unrolled tile with its accumulators in registers. */
-static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *acts, int64_t K, int64_t m0,
-                      int rows, float *acc) {
-    if (bits == 4) {
+static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, const QuantActs *acts, int64_t K,
+                      int64_t m0, int rows, float *acc) {
+    if (act_bits == 8) {
+        switch (rows) { TILE_CASES_A8 default: break; }
+    } else if (bits == 4) {
         switch (rows) { TILE_CASES(4) default: break; }
     } else {
         switch (rows) { TILE_CASES(8) default: break; }
@@ -333,24 +468,26 @@ static void tile_rows(const uint8_t *rec, int bits, int64_t G, const QuantActs *
 /* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
 static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 
-/* Bytes of one copy of M rows' quantized activations: xq, then dx and sx. */
+/* Bytes of one copy of M rows' quantized activations: the codes (4 bytes per activation: the 8-bit layout's
+ * four copies, twice the 16-bit codes), then dx and sx. */
 static size_t acts_stride(int64_t M, int64_t K) {
-    return align64(2 * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
+    return align64(4 * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
 }
 
 static QuantActs acts_at(char *base, int64_t M, int64_t K) {
     QuantActs a;
     a.xq = (int16_t *)base;
-    a.dx = (float *)(base + align64(2 * (size_t)(M * K)));
+    a.x8 = (int8_t *)base;
+    a.dx = (float *)(base + align64(4 * (size_t)(M * K)));
     a.sx = a.dx + M * (K / GROUP);
     return a;
 }
 
-/* Inside a running thread team (orphaned omp for): quantize x's rows into `acts` (or, for a few rows, each
- * thread into its own copy after it), then every tile. `rows` is K floats of scratch per thread of the team.
- * Ends on the team's barrier: `out` is complete on return. */
-void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
-                     void *out, int out_bf16, const QuantActs *acts, float *rows) {
+/* Inside a running thread team (orphaned omp for): quantize x's rows into `acts` in act_bits (8 only for
+ * bits 4), or, for a few rows, each thread into its own copy after it; then every tile. `rows` is K floats
+ * of scratch per thread of the team. Ends on the team's barrier: `out` is complete on return. */
+void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int act_bits,
+                     int64_t N, void *out, int out_bf16, const QuantActs *acts, float *rows) {
     const int64_t G = K / GROUP, num_tiles = (N + TILE - 1) / TILE;
     const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
 #ifdef _OPENMP
@@ -364,11 +501,11 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
     const QuantActs *use = acts;
     if (M <= PRIVATE_ROWS && num_threads > 1) {
         own = acts_at((char *)acts->xq + (size_t)thread * acts_stride(M, K), M, K);
-        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, &own, row);
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, act_bits, &own, row);
         use = &own;
     } else {
         #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, acts, row);
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, act_bits, acts, row);
     }
     /* NOTE: guided: each thread first takes a long run of consecutive tiles (half of them, then half of the
      * rest), so it reads one contiguous stream the hardware prefetcher follows; then ever smaller runs, so a
@@ -383,7 +520,7 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
         float acc[MBLOCK * TILE] __attribute__((aligned(64)));
         for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
             const int64_t left = M - m0;
-            tile_rows(rec, bits, G, use, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
+            tile_rows(rec, bits, act_bits, G, use, K, m0, left >= MBLOCK ? MBLOCK : (int)left, acc);
             store_rows(acc, left >= MBLOCK ? MBLOCK : (int)left, m0, t * TILE, N, out, out_bf16);
         }
     }
@@ -408,12 +545,18 @@ void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, Quant
 static __thread void *scratch;
 static __thread size_t scratch_bytes;
 
+/* Whether a call's weight and activation bits are ones the kernel multiplies. */
+static int bits_ok(int bits, int act_bits) {
+    return (bits == 4 && act_bits == 8) || ((bits == 4 || bits == 8) && act_bits == 16);
+}
+
 /* x [M, K] (float32, or bfloat16 when x_bf16) times the packed [N, K] weight (bits 4 or 8) into out [M, N]
- * (float32, or bfloat16 when out_bf16). Threads quantize rows, then take whole tiles. Returns 0, or -1 when
- * the scratch cannot be allocated, -2 for a bad argument. */
-int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int64_t N,
-               void *out, int out_bf16, int num_threads) {
-    if (K % GROUP || (bits != 4 && bits != 8) || M < 0 || N < 0) return -2;
+ * (float32, or bfloat16 when out_bf16), the activations quantized to act_bits (16, or 8 for bits 4). Threads
+ * quantize rows, then take whole tiles. Returns 0, or -1 when the scratch cannot be allocated, -2 for a bad
+ * argument. */
+int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int act_bits,
+               int64_t N, void *out, int out_bf16, int num_threads) {
+    if (K % GROUP || !bits_ok(bits, act_bits) || M < 0 || N < 0) return -2;
     if (M == 0 || N == 0) return 0;
     if (num_threads < 1) num_threads = 1;
     const size_t need = quant_scratch_bytes(M, K, num_threads);
@@ -427,17 +570,33 @@ int quant_gemm(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *p
     float *rows;
     quant_scratch_split(scratch, M, K, num_threads, &acts, &rows);
     #pragma omp parallel num_threads(num_threads)
-    quant_gemm_team(x, x_bf16, M, K, packed, bits, N, out, out_bf16, &acts, rows);
+    quant_gemm_team(x, x_bf16, M, K, packed, bits, act_bits, N, out, out_bf16, &acts, rows);
     return 0;
 }
 
-/* The activation quantization alone, for tests: xq [M, K] int16, dx and sx [M, K / 32] float32. */
-int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int16_t *xq, float *dx, float *sx) {
-    if (K % GROUP) return -2;
+/* The activation quantization alone, for tests: codes [M, K] int16 (8-bit codes widened, in order), dx and sx
+ * [M, K / 32] float32. Returns 0, -1 out of memory, -2 for a bad argument. */
+int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int act_bits, int16_t *codes, float *dx,
+                      float *sx) {
+    if (K % GROUP || (act_bits != 8 && act_bits != 16)) return -2;
     float *row = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
-    if (!row) return -1;
-    const QuantActs a = {xq, dx, sx};
-    for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, &a, row);
+    int8_t *x8 = act_bits == 8 ? malloc(4 * (size_t)(K > 0 ? K : 1)) : NULL;
+    if (!row || (act_bits == 8 && !x8)) {
+        free(row);
+        free(x8);
+        return -1;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        /* one row at a time, as row 0 of a one-row QuantActs pointed at this row's outputs */
+        const QuantActs a = {codes + m * K, x8, dx + m * (K / GROUP), sx + m * (K / GROUP)};
+        const void *xm = x_bf16 ? (const void *)((const uint16_t *)x + m * K)
+                                : (const void *)((const float *)x + m * K);
+        quantize_one(xm, x_bf16, 0, K, act_bits, &a, row);
+        if (act_bits == 8)
+            for (int64_t k = 0; k < K; k++)
+                codes[m * K + k] = x8[(k / GROUP) * 4 * GROUP + a8_offset((int)(k % GROUP))];
+    }
     free(row);
+    free(x8);
     return 0;
 }

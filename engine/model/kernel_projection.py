@@ -26,13 +26,18 @@ BF16_DENSE_FROM_ROWS = 32
 
 
 class KernelQuantProjection:
-    """``x @ w.T`` over packed codes, or over ``dense`` for steps of ``dense_from_rows`` rows or more."""
+    """``x @ w.T`` over packed codes, or over ``dense`` for steps of ``dense_from_rows`` rows or more; the kernel
+    quantizes the activations to ``act_bits`` (8 only for 4-bit codes)."""
 
     def __init__(self, kernels: CpuKernels, packed: PackedWeight, dense: Projection | None = None,
-                 dense_from_rows: int | None = None) -> None:
+                 dense_from_rows: int | None = None, act_bits: int = 16) -> None:
         if (dense is None) != (dense_from_rows is None):
             raise ValueError("a dense copy and the row count from which it is used go together")
-        self.kind = f"int{packed.bits}-kernel"
+        if act_bits not in (8, 16) or (act_bits == 8 and packed.bits != 4):
+            raise ValueError(f"the kernel takes 16-bit activations, or 8-bit ones with 4-bit codes; not {act_bits}-bit "
+                             f"with {packed.bits}-bit")
+        self.kind = f"int{packed.bits}-kernel" + ("-a8" if act_bits == 8 else "")
+        self.act_bits = act_bits
         self.packed = packed
         self.dense = dense
         # NOTE: with no dense copy every step takes the kernel; a bound above any batch keeps __call__ one test.
@@ -42,4 +47,4 @@ class KernelQuantProjection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= self.dense_from_rows:
             return self.dense(x)  # type: ignore[misc]
-        return self._gemm(x, self.packed)
+        return self._gemm(x, self.packed, act_bits=self.act_bits)

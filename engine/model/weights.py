@@ -49,8 +49,9 @@ class ModelWeights:
 
     With ``kernels`` (the CPU's C kernels), int4 projections multiply the packed Q4_1 codes and the
     head the Q8_0 codes (``int8_sources``) in the kernel; with ``dense_from_rows`` each also keeps a
-    dense (prepacked) copy in ``dtype`` for steps of that many rows or more. Without ``kernels``
-    they run torch's int4 and int8 kernels.
+    dense (prepacked) copy in ``dtype`` for steps of that many rows or more; ``int4_act_bits`` is the
+    width the kernel quantizes the int4 projections' activations to (the head's are 16-bit). Without
+    ``kernels`` they run torch's int4 and int8 kernels.
     """
 
     config: LlamaConfig
@@ -63,6 +64,7 @@ class ModelWeights:
     kernels: CpuKernels | None = None
     int8_sources: Mapping[str, Int8Source] = field(default_factory=dict)
     dense_from_rows: int | None = None
+    int4_act_bits: int = 16
 
     def __post_init__(self) -> None:
         check_state_dict(self.config, dict(self.state_dict), self.source)
@@ -100,11 +102,11 @@ class ModelWeights:
     def _kernel_projection(self, packed: PackedWeight) -> Projection:
         assert self.kernels is not None
         if self.dense_from_rows is None:
-            return KernelQuantProjection(self.kernels, packed)
+            return KernelQuantProjection(self.kernels, packed, act_bits=self.int4_act_bits)
         # NOTE: the dense copy is the packed weight itself (a GGUF's dequantized codes), so both paths multiply
         # the same numbers whichever a step takes.
         dense = packed_or_dense(packed.dequantize().to(device=self.device, dtype=self.dtype))
-        return KernelQuantProjection(self.kernels, packed, dense, self.dense_from_rows)
+        return KernelQuantProjection(self.kernels, packed, dense, self.dense_from_rows, self.int4_act_bits)
 
     def _projection(self, kind: ProjectionKind, weight: torch.Tensor) -> Projection:
         if kind == "dense":

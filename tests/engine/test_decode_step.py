@@ -3,7 +3,8 @@
 Both run the same quantized GEMM, so they differ only where the C step's norms, rotary embedding and SiLU
 sum or round in another order than torch, and where such a last-bit difference moves an activation across
 a rounding boundary of the GEMM's 16-bit activations (one step is 1/32767 of its group's largest): in
-float32 by about that step, in bfloat16 by at most a few bfloat16 steps. Batches mix context lengths, GQA heads (dummy:tiny has 4 query heads over 2 KV heads) and
+float32 by about that step, in bfloat16 by at most a few bfloat16 steps; with 8-bit activations
+(``--int4-act-bits 8``, a step of 1/127) by about one 8-bit step. Batches mix context lengths, GQA heads (dummy:tiny has 4 query heads over 2 KV heads) and
 block boundaries; the engine's tokens with and without the fused step must be the same.
 """
 
@@ -65,6 +66,18 @@ def test_fused_step_gives_the_layered_forwards_hidden_states(dtype: str) -> None
         torch.testing.assert_close(fused, layered, rtol=0, atol=1e-3 * scale)
     else:  # a few bfloat16 steps (2^-8 relative each) where a rounding lands the other way
         torch.testing.assert_close(fused.float(), layered.float(), rtol=0.03, atol=0.03)
+
+
+def test_fused_step_with_eight_bit_activations_gives_the_layered_forwards_hidden_states() -> None:
+    llm = _llm("float32", int4_act_bits=8)
+    assert llm.engine.runner.fused_decode._md.act_bits == 8
+    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.kind == "int4-kernel-a8"
+    fused, layered = _decode_step_both_ways(llm)
+    # a few 8-bit steps (1/127 of a group's largest) where a last-bit difference crossed a rounding boundary: one
+    # such code in the first layer moves every output of the next (measured: 1.8% of the largest output at most)
+    torch.testing.assert_close(fused, layered, rtol=0, atol=5e-2 * float(layered.abs().max()))
+    sixteen, _ = _decode_step_both_ways(_llm("float32"))
+    assert not torch.equal(fused, sixteen)  # the fused step itself rounds to 8 bits, not 16
 
 
 def test_engine_tokens_are_the_same_with_and_without_the_fused_step() -> None:

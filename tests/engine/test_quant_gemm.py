@@ -1,10 +1,10 @@
 """The quantized GEMM kernel (engine/cpu_kernels/quant_gemv.c) against float64 references and the torch path.
 
 Three references, from tight to loose:
-- the kernel's own arithmetic in float64 (its int16 activations, the packed codes and scales): equal to
-  float32 accumulation error, so every code, scale and row lands where the layout says;
+- the kernel's own arithmetic in float64 (its 16-bit or 8-bit activations, the packed codes and scales):
+  equal to float32 accumulation error, so every code, scale and row lands where the layout says;
 - the exact product of the unquantized activations with the weight, in float64: the kernel may differ by
-  at most what rounding the activations to int16 allows (each activation moves by at most half its
+  at most what rounding the activations to 16 or 8 bits allows (each activation moves by at most half its
   group's step), a bound computed per output, not a tolerance picked to pass;
 - torch's own path over the same weight (F.linear on the dequantized weight), held to the same bound.
 Shapes: GQA's fused QKV (9 query heads, 3 KV heads), row counts that are not whole tiles, odd batch
@@ -43,19 +43,23 @@ def _activations(num_rows: int, num_cols: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _reference_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int16 codes and steps by the kernel's rule: round(x * (32767 / max|x|)), max|x| * (1 / 32767) per group."""
+LEVELS = {16: 32767, 8: 127}  # the largest code of 16-bit and 8-bit activations
+
+
+def _reference_activations(x: torch.Tensor, act_bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and steps by the kernel's rule: round(x * (L / max|x|)), max|x| * (1 / L) per group (L = LEVELS)."""
+    levels = LEVELS[act_bits]
     grouped = x.float().view(x.shape[0], -1, 32)
     amax = grouped.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
-    step = amax * torch.tensor(1 / 32767, dtype=torch.float32)
+    inv = torch.where(amax > 0, levels / amax, torch.zeros_like(amax))
+    step = amax * torch.tensor(1 / levels, dtype=torch.float32)
     return torch.round(grouped * inv).to(torch.int16).view_as(x), step.squeeze(-1)
 
 
-def _kernel_arithmetic(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
-    """What the kernel computes, in float64: the dequantized weight times the int16-rounded activations,
-    except Q4_1's minimum term, which takes the unquantized sum of x."""
-    codes, steps = _reference_activations(x)
+def _kernel_arithmetic(x: torch.Tensor, packed: PackedWeight, act_bits: int = 16) -> torch.Tensor:
+    """What the kernel computes, in float64: the dequantized weight times the rounded activations, except
+    Q4_1's minimum term, which takes the unquantized sum of x."""
+    codes, steps = _reference_activations(x, act_bits)
     rounded = (codes.double().view(x.shape[0], -1, 32) * steps.double().unsqueeze(-1)).view_as(x)
     weight = packed.dequantize().double()
     if packed.bits == 8:
@@ -66,9 +70,9 @@ def _kernel_arithmetic(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     return rounded @ above_min.reshape_as(weight).T + sums @ mins.T
 
 
-def _rounding_bound(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
-    """Largest error int16 activations can cause per output: sum over k of |w - min| (Q4) or |w| (Q8) * step / 2."""
-    _, scales = _reference_activations(x)
+def _rounding_bound(x: torch.Tensor, packed: PackedWeight, act_bits: int = 16) -> torch.Tensor:
+    """Largest error rounded activations can cause per output: sum over k of |w - min| (Q4) or |w| (Q8) * step / 2."""
+    _, scales = _reference_activations(x, act_bits)
     weight = packed.dequantize().double().view(packed.num_rows, -1, 32)
     if packed.bits == 4:
         weight = weight - weight.amin(-1, keepdim=True)
@@ -76,34 +80,38 @@ def _rounding_bound(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
 
 
 @needs_kernels
-def test_activations_are_rounded_as_the_reference_rounds_them() -> None:
+@pytest.mark.parametrize("act_bits", [16, 8])
+def test_activations_are_rounded_as_the_reference_rounds_them(act_bits: int) -> None:
     x = _activations(7, 96, seed=3)
     x[2, 32:64] = 0.0  # an all-zero group: step 0, codes 0
-    codes, steps, sums = KERNELS.quantize_activations(x)
-    want_codes, want_steps = _reference_activations(x)
-    assert torch.equal(codes, want_codes) and int(codes.abs().max()) == 32767
+    codes, steps, sums = KERNELS.quantize_activations(x, act_bits)
+    want_codes, want_steps = _reference_activations(x, act_bits)
+    assert torch.equal(codes, want_codes) and int(codes.abs().max()) == LEVELS[act_bits]
     assert torch.equal(steps, want_steps)
     torch.testing.assert_close(sums, x.view(7, -1, 32).sum(-1), rtol=1e-6, atol=1e-5)
-    bf16_codes, *_ = KERNELS.quantize_activations(x.bfloat16())
-    assert torch.equal(bf16_codes, _reference_activations(x.bfloat16().float())[0])
+    bf16_codes, *_ = KERNELS.quantize_activations(x.bfloat16(), act_bits)
+    assert torch.equal(bf16_codes, _reference_activations(x.bfloat16().float(), act_bits)[0])
 
 
 @needs_kernels
 @pytest.mark.parametrize("num_rows", [1, 37, 16, GQA_QKV_ROWS])
 @pytest.mark.parametrize("batch", [1, 3, 4, 6, 17])
-def test_kernel_computes_its_arithmetic_exactly_and_stays_within_the_rounding_bound(num_rows: int,
-                                                                                    batch: int) -> None:
+@pytest.mark.parametrize("act_bits", [16, 8])
+def test_kernel_computes_its_arithmetic_exactly_and_stays_within_the_rounding_bound(num_rows: int, batch: int,
+                                                                                    act_bits: int) -> None:
     num_cols = 576 if num_rows == GQA_QKV_ROWS else 96
     x = _activations(batch, num_cols, seed=num_rows)
     exact_x = x.double()
     for packed in _weights(num_rows, num_cols, seed=num_rows + batch):
-        got = KERNELS.quant_gemm(x, packed).double()
+        if act_bits == 8 and packed.bits == 8:
+            continue  # 8-bit activations are for 4-bit codes only (refused: see below)
+        got = KERNELS.quant_gemm(x, packed, act_bits=act_bits).double()
         assert got.shape == (batch, num_rows)
-        own = _kernel_arithmetic(x, packed)
+        own = _kernel_arithmetic(x, packed, act_bits)
         # float32 accumulation over num_cols / 32 groups of exact integer dot products
         torch.testing.assert_close(got, own, rtol=1e-5, atol=1e-5 * float(own.abs().max()))
         exact = exact_x @ packed.dequantize().double().T
-        bound = _rounding_bound(x, packed)
+        bound = _rounding_bound(x, packed, act_bits)
         slack = 1e-5 * float(exact.abs().max())
         assert bool(((got - exact).abs() <= bound + slack).all()), (packed.bits, float((got - exact - bound).max()))
         torch_path = F.linear(x, packed.dequantize()).double()
@@ -121,8 +129,23 @@ def test_bfloat16_activations_give_bfloat16_outputs_of_the_same_products() -> No
 
 
 @needs_kernels
+def test_eight_bit_activations_are_coarser_than_sixteen() -> None:
+    """The 8-bit path really rounds to 8 bits: its error against the exact product is the larger one."""
+    x = _activations(3, 576, seed=41)
+    packed, _ = _weights(GQA_QKV_ROWS, 576, seed=42)
+    exact = x.double() @ packed.dequantize().double().T
+    errors = {bits: float((KERNELS.quant_gemm(x, packed, act_bits=bits).double() - exact).abs().max())
+              for bits in (16, 8)}
+    assert errors[8] > 10 * errors[16] > 0
+
+
+@needs_kernels
 def test_kernel_refuses_what_it_cannot_multiply() -> None:
-    packed, _ = _weights(16, 64, seed=0)
+    packed, packed8 = _weights(16, 64, seed=0)
+    with pytest.raises(ValueError, match="8-bit ones with 4-bit weights"):
+        KERNELS.quant_gemm(torch.randn(2, 64), packed8, act_bits=8)
+    with pytest.raises(ValueError, match="8-bit ones with 4-bit weights"):
+        KERNELS.quant_gemm(torch.randn(2, 64), packed, act_bits=12)
     with pytest.raises(ValueError, match="64"):
         KERNELS.quant_gemm(torch.randn(2, 96), packed)
     with pytest.raises(TypeError, match="float32 or bfloat16"):
@@ -171,9 +194,11 @@ def test_every_cpu_target_builds_and_those_this_cpu_runs_give_the_same_numbers(t
     other = load_library(path)
     assert other.isa == ISA_OF[target]
     x = _activations(6, 576, seed=21)
-    for packed in _weights(GQA_QKV_ROWS, 576, seed=22):
-        # NOTE: the same int16 activations and the same order of float operations per output in every build
-        assert torch.equal(other.quant_gemm(x, packed), KERNELS.quant_gemm(x, packed)), (target, other.isa)
+    packed4, packed8 = _weights(GQA_QKV_ROWS, 576, seed=22)
+    # NOTE: the same rounded activations and the same order of float operations per output in every build
+    for packed, act_bits in ((packed4, 16), (packed8, 16), (packed4, 8)):
+        assert torch.equal(other.quant_gemm(x, packed, act_bits=act_bits),
+                           KERNELS.quant_gemm(x, packed, act_bits=act_bits)), (target, other.isa, act_bits)
 
 
 def test_native_build_names_its_instruction_set(tmp_path: Path) -> None:
@@ -200,10 +225,14 @@ def test_a_projection_with_a_dense_copy_takes_it_from_its_row_count_on() -> None
         KernelQuantProjection(KERNELS, packed, dense)
 
 
-def test_int4_dense_rows_is_an_int4_option() -> None:
+def test_int4_dense_rows_and_act_bits_are_int4_options() -> None:
     from engine import EngineConfig
 
     with pytest.raises(ValueError, match="int4_dense_rows applies to weights='int4'"):
         EngineConfig(int4_dense_rows=64)
+    with pytest.raises(ValueError, match="int4_act_bits applies to weights='int4'"):
+        EngineConfig(int4_act_bits=8)
+    with pytest.raises(ValueError, match="int4_act_bits must be 8 or 16"):
+        EngineConfig(weights="int4", int4_act_bits=4)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="int4_dense_rows must be a positive integer"):
         EngineConfig(weights="int4", int4_dense_rows=0)
