@@ -7,6 +7,8 @@ the same error the torch path makes, not to bit equality (it sums in another ord
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -130,3 +132,16 @@ def test_engine_on_the_kernel_gives_the_torch_paths_tokens(tiny) -> None:
     torch_out = LLM("dummy:tiny", loaded=tiny, attention_backend="torch", block_size=8).generate(prompts, params)
     kernel_out = LLM("dummy:tiny", loaded=tiny, attention_backend="cpu", block_size=8).generate(prompts, params)
     assert [o.token_ids for o in kernel_out] == [o.token_ids for o in torch_out]
+
+
+def test_every_kernel_source_and_header_ships_in_the_package() -> None:
+    """A wheel (not only an editable install) carries what build_library compiles: package-data lists it."""
+    import fnmatch
+    import tomllib
+
+    from engine.cpu_kernels.build import HEADERS, SOURCES
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    for path in (*SOURCES, *HEADERS):
+        assert any(fnmatch.fnmatch(path.name, p) for p in patterns), f"{path.name} matches no package-data pattern"

@@ -1,0 +1,235 @@
+/* The tile bodies of quant_gemv.c, one per instruction set, included by it once (they are static inline: each
+ * call site there compiles its own unrolled copy). gemm_tile: 16-bit activations, AVX-512 VNNI, AVX2 or plain
+ * C; gemm_tile_a8: 8-bit activations, AVX2 or plain C. The layouts and the arithmetic are described at the top
+ * of quant_gemv.c, which defines everything used here before including it. */
+#ifndef SERVESCOPE_QUANT_TILES_H
+#define SERVESCOPE_QUANT_TILES_H
+
+#if defined(QG_AVX512_VNNI)
+
+static inline __m512i bcast_pair(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* u[j] lane r: row r's codes 2j, 2j + 1 as 16-bit words (j < 16). */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, __m512i u[16]) {
+    const __m512i low = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        const __m512i packed = _mm512_loadu_si512(rec + 64 * p);
+        const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm512_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm512_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm512_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm512_unpackhi_epi8(hi, zero);
+    }
+}
+
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, __m512i u[16]) {
+    for (int q = 0; q < 8; q++) {
+        const __m512i codes = _mm512_loadu_si512(rec + 64 * q);
+        const __m512i sign = _mm512_movm_epi8(_mm512_movepi8_mask(codes));
+        u[2 * q] = _mm512_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm512_unpackhi_epi8(codes, sign);
+    }
+}
+
+/* sum over the group of code * xq, per row (lane); two chains so one activation row is not latency-bound. */
+static inline __attribute__((always_inline)) __m512i dot16(const __m512i u[16], const int16_t *xq) {
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    for (int j = 0; j < 16; j += 2) {
+        a = _mm512_dpwssd_epi32(a, u[j], bcast_pair(xq + 2 * j));
+        b = _mm512_dpwssd_epi32(b, u[j + 1], bcast_pair(xq + 2 * j + 2));
+    }
+    return _mm512_add_epi32(a, b);
+}
+
+/* One tile, activation rows m0 .. m0 + MB - 1 (MB a constant at every call site), into acc_out [MB][16]. */
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
+    __m512 acc[MBLOCK];
+    for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        __m512i u[16];
+        __m512 d, mn = _mm512_setzero_ps();
+        prefetch_ahead(rec, (int)record);
+        if (bits == 4) {
+            q4_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
+            mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
+        } else {
+            q8_widen(rec, u);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 512)));
+        }
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const __m512i dot = dot16(u, a->xq + m * K + g * GROUP);
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a->dx[m * G + g]));
+            acc[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[i]);
+            if (bits == 4) acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->sx[m * G + g]), acc[i]);
+        }
+    }
+    for (int i = 0; i < MB; i++) _mm512_storeu_ps(acc_out + i * TILE, acc[i]);
+}
+
+#elif defined(QG_AVX2)
+
+static inline __m256i bcast_pair(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Half h (rows 8h .. 8h + 7) of the tile: the same layout, 32 of each block's 64 bytes. */
+static inline __attribute__((always_inline)) void q4_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+        const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        u[2 * p] = _mm256_unpacklo_epi8(lo, zero);
+        u[2 * p + 1] = _mm256_unpackhi_epi8(lo, zero);
+        u[2 * p + 8] = _mm256_unpacklo_epi8(hi, zero);
+        u[2 * p + 9] = _mm256_unpackhi_epi8(hi, zero);
+    }
+}
+
+static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, int h, __m256i u[16]) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        const __m256i codes = _mm256_loadu_si256((const __m256i *)(rec + 64 * q + 32 * h));
+        const __m256i sign = _mm256_cmpgt_epi8(zero, codes);
+        u[2 * q] = _mm256_unpacklo_epi8(codes, sign);
+        u[2 * q + 1] = _mm256_unpackhi_epi8(codes, sign);
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, int bits, int64_t G,
+                                                            const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                                            float *acc_out) {
+    __m256 acc[MBLOCK][2];
+    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        prefetch_ahead(rec, (int)record);
+        for (int h = 0; h < 2; h++) {
+            __m256i u[16];
+            __m256 d, mn = _mm256_setzero_ps();
+            if (bits == 4) {
+                q4_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+                mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            } else {
+                q8_widen(rec, h, u);
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 512 + 16 * h)));
+            }
+            for (int i = 0; i < MB; i++) {
+                const int64_t m = m0 + i;
+                const int16_t *xq = a->xq + m * K + g * GROUP;
+                __m256i dot = _mm256_setzero_si256();
+                for (int j = 0; j < 16; j++) dot = _mm256_add_epi32(dot, _mm256_madd_epi16(u[j], bcast_pair(xq + 2 * j)));
+                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
+                acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
+                if (bits == 4) acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) {
+        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
+        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
+    }
+}
+
+#else /* plain C */
+
+static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const QuantActs *a, int64_t K, int64_t m0,
+                             int MB, float *acc_out) {
+    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
+    const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
+    for (int64_t g = 0; g < G; g++, rec += record) {
+        const uint16_t *dh = (const uint16_t *)(rec + (bits == 4 ? 256 : 512)), *mh = (const uint16_t *)(rec + 288);
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const int16_t *xq = a->xq + m * K + g * GROUP;
+            for (int r = 0; r < TILE; r++) {
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += code_at(rec, bits, r, k) * xq[k];
+                float *acc = acc_out + i * TILE + r;
+                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
+                if (bits == 4) *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
+            }
+        }
+    }
+}
+
+#endif
+
+/* The 8-bit-activation tile: Q4 codes times 8-bit activations (see the top). */
+#if defined(QG_A8_AVX2)
+
+/* One tile's 16 rows, activation rows m0 .. m0 + MB - 1, into acc_out [MB][16]; each half of 8 rows in turn (its
+ * records' lines are in L1 for the second half). */
+static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *rec0, int64_t G, const QuantActs *a,
+                                                               int64_t K, int64_t m0, int MB, float *acc_out) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    /* per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3) */
+    const __m256i rows_together = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                                   0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[MBLOCK];
+        for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+        const uint8_t *rec = rec0;
+        for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
+            __m256i c[8]; /* c[b]: codes 4b .. 4b + 3 of the half's 8 rows, as bytes in pair order */
+            if (h == 0) prefetch_ahead(rec, Q4_RECORD);
+            for (int p = 0; p < 4; p++) {
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+                c[p] = _mm256_and_si256(packed, low);
+                c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            for (int i = 0; i < MB; i++) {
+                const int64_t m = m0 + i;
+                const int8_t *xa = a->x8 + m * 4 * K + g * 4 * GROUP;
+                __m256i sum = _mm256_setzero_si256();
+                for (int b = 0; b < 8; b++) {
+                    const __m256i xb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * b)));
+                    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(c[b], xb));
+                }
+                const __m256i dot = _mm256_madd_epi16(_mm256_shuffle_epi8(sum, rows_together), ones);
+                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
+                acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i]);
+                acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i]);
+            }
+        }
+        for (int i = 0; i < MB; i++) _mm256_storeu_ps(acc_out + i * TILE + 8 * h, acc[i]);
+    }
+}
+
+#else /* plain C */
+
+static inline void gemm_tile_a8(const uint8_t *rec, int64_t G, const QuantActs *a, int64_t K, int64_t m0, int MB,
+                                float *acc_out) {
+    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
+    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
+        const uint16_t *dh = (const uint16_t *)(rec + 256), *mh = (const uint16_t *)(rec + 288);
+        for (int i = 0; i < MB; i++) {
+            const int64_t m = m0 + i;
+            const int8_t *xa = a->x8 + m * 4 * K + g * 4 * GROUP;
+            for (int r = 0; r < TILE; r++) {
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += code_at(rec, 4, r, k) * xa[a8_offset(k)];
+                float *acc = acc_out + i * TILE + r;
+                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
+                *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
+            }
+        }
+    }
+}
+
+#endif
+
+#endif
