@@ -8,8 +8,10 @@ for a run on the run's own weights before the load, and the predictions replay e
 
 Only what the device runs natively is offered: bfloat16 on a CPU only with AVX512-BF16 or AMX (else
 oneDNN emulates it and it is slower), int8/int4 weights only on a CPU (the engine has no GPU path for
-them) and only with bfloat16 activations (with float32 ones torch takes a slow path), float16 only on
-a GPU. A variant the device would emulate is never timed, so it costs the calibration nothing.
+them) and only with bfloat16 activations (with float32 ones torch takes a slow path), except int4 on
+the C kernel, which multiplies float32 activations as fast (offered with them where bfloat16 would be
+emulated and the kernels build); float16 only on a GPU. A variant the device would emulate is never
+timed, so it costs the calibration nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ def native_dtypes(device: torch.device) -> tuple[str, ...]:
     return ("float32", "bfloat16") if native_bf16_gemm() is not None else ("float32",)
 
 
+def c_kernels_build() -> bool:
+    """Whether the CPU's C kernels (the int4 GEMM among them) build here (cached after the first call)."""
+    from engine.cpu_kernels import cpu_kernels
+
+    return cpu_kernels()[0] is not None
+
+
 def resolved_attention_backend(config: Any, device: torch.device) -> str:
     """The attention backend ``auto`` picks (as the model runner does)."""
     if config.attention_backend != "auto":
@@ -88,6 +97,10 @@ def execution_variants(config: Any, device: torch.device) -> list[ExecutionVaria
             extra = {"dtype": activations} if activations != config.dtype else {}
             out += [ExecutionVariant({**extra, "weights": w}) for w in ("int8", "int4")
                     if WEIGHT_BITS[w] < WEIGHT_BITS[str(config.weights)]]
+        elif WEIGHT_BITS["int4"] < WEIGHT_BITS[str(config.weights)] and c_kernels_build():
+            # NOTE: a float32 run where bfloat16 is emulated: int4 on the C kernel with its own float32
+            # activations (a one-row step of SmolLM2-135M 37 -> 5 ms on a 2-core AVX2 EPYC, docs/results.md)
+            out.append(ExecutionVariant({"weights": "int4"}))
     backend = resolved_attention_backend(config, device)
     other = {"cpu": "torch", "triton": "torch", "torch": "cpu" if device.type == "cpu" else "triton"}[backend]
     if not (other == "cpu" and config.dtype not in CPU_KERNEL_DTYPES):

@@ -29,9 +29,13 @@ def test_a_cpu_with_native_bfloat16_is_offered_bfloat16_and_quantized_weights_wi
     assert names(EngineConfig(dtype="bfloat16", weights="int8")) == ["weights=int4", "attention_backend=torch"]
 
 
-def test_a_cpu_that_would_emulate_bfloat16_is_offered_neither_it_nor_quantized_weights(
+def test_a_cpu_that_would_emulate_bfloat16_is_offered_int4_on_the_c_kernel_with_float32_activations_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32",))
+    monkeypatch.setattr(ev, "c_kernels_build", lambda: True)
+    assert names(EngineConfig()) == ["weights=int4", "attention_backend=torch"]
+    assert names(EngineConfig(weights="int4")) == ["attention_backend=torch"]
+    monkeypatch.setattr(ev, "c_kernels_build", lambda: False)  # torch's int4 path would want bfloat16
     assert names(EngineConfig()) == ["attention_backend=torch"]
 
 
