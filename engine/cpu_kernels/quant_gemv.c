@@ -117,16 +117,23 @@ static inline float f16_to_f32(uint16_t h) {
 #endif
 }
 
+/* A group's largest magnitude and its sum (the step's scale and Q4_1's minimum term). */
+static inline void group_amax_sum(const float *xg, float *amax, float *sum) {
+    float m = 0.0f, s = 0.0f;
+    for (int k = 0; k < GROUP; k++) {
+        const float a = fabsf(xg[k]);
+        m = a > m ? a : m;
+        s += xg[k];
+    }
+    *amax = m;
+    *sum = s;
+}
 
 static void quantize_row16(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
-        float amax = 0.0f, sum = 0.0f;
-        for (int k = 0; k < GROUP; k++) {
-            const float a = fabsf(xg[k]);
-            amax = a > amax ? a : amax;
-            sum += xg[k];
-        }
+        float amax, sum;
+        group_amax_sum(xg, &amax, &sum);
         const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
         for (int k = 0; k < GROUP; k++) xq[g * GROUP + k] = (int16_t)nearbyintf(xg[k] * inv);
         dx[g] = amax * (1.0f / 32767.0f); /* NOTE: as written: the build's -freciprocal-math would make a
@@ -142,12 +149,8 @@ static inline int a8_offset(int k) { return 16 * (k / 4) + (k % 4 >= 2 ? 8 : 0) 
 static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
-        float amax = 0.0f, sum = 0.0f;
-        for (int k = 0; k < GROUP; k++) {
-            const float a = fabsf(xg[k]);
-            amax = a > amax ? a : amax;
-            sum += xg[k];
-        }
+        float amax, sum;
+        group_amax_sum(xg, &amax, &sum);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int8_t codes[GROUP];
         for (int k = 0; k < GROUP; k++) codes[k] = (int8_t)nearbyintf(xg[k] * inv);
