@@ -10,8 +10,9 @@ Only what the device runs natively is offered: bfloat16 on a CPU only with AVX51
 oneDNN emulates it and it is slower), int8/int4 weights only on a CPU (the engine has no GPU path for
 them) and only with bfloat16 activations (with float32 ones torch takes a slow path), except int4 on
 the C kernel, which multiplies float32 activations as fast (offered with them where bfloat16 would be
-emulated and the kernels build); float16 only on a GPU. A variant the device would emulate is never
-timed, so it costs the calibration nothing.
+emulated and the kernels build); on a CPU whose kernels are the AVX2 build, int4 with 8-bit activations
+(``--int4-act-bits 8``: faster from a few rows on, less accurate); float16 only on a GPU. A variant the
+device would emulate is never timed, so it costs the calibration nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 # The config fields whose change changes the numbers the model computes (its price is measured too).
-NUMERIC_FIELDS = frozenset({"dtype", "weights"})
+NUMERIC_FIELDS = frozenset({"dtype", "weights", "int4_act_bits"})
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 CPU_KERNEL_DTYPES = ("float32", "bfloat16")  # what the C decode-attention kernel has
 WEIGHT_BITS = {"dense": 16, "int8": 8, "int4": 4}  # dense: whatever the dtype, more than int8
@@ -33,7 +34,7 @@ WEIGHT_BITS = {"dense": 16, "int8": 8, "int4": 4}  # dense: whatever the dtype, 
 class ExecutionVariant:
     """The run's settings with ``changes`` applied: one execution lever."""
 
-    changes: Mapping[str, str] = field(default_factory=dict)
+    changes: Mapping[str, str | int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -67,11 +68,13 @@ def native_dtypes(device: torch.device) -> tuple[str, ...]:
     return ("float32", "bfloat16") if native_bf16_gemm() is not None else ("float32",)
 
 
-def c_kernels_build() -> bool:
-    """Whether the CPU's C kernels (the int4 GEMM among them) build here (cached after the first call)."""
+def c_kernels_isa() -> str | None:
+    """The instruction set the CPU's C kernels (the int4 GEMM among them) were built with here ("avx512-vnni",
+    "avx2" or "scalar"); None where they cannot build (cached after the first call)."""
     from engine.cpu_kernels import cpu_kernels
 
-    return cpu_kernels()[0] is not None
+    kernels, _ = cpu_kernels()
+    return None if kernels is None else kernels.isa
 
 
 def resolved_attention_backend(config: Any, device: torch.device) -> str:
@@ -93,14 +96,23 @@ def execution_variants(config: Any, device: torch.device) -> list[ExecutionVaria
     out += [ExecutionVariant({"dtype": d}) for d in dtypes if ITEMSIZE[d] < ITEMSIZE[str(config.dtype)]]
     if device.type == "cpu":
         activations = str(config.dtype) if config.dtype != "float32" else "bfloat16" if "bfloat16" in dtypes else None
+        int4: dict[str, str] | None = None  # what makes this run int4 (None: no int4 lever here)
         if activations is not None:
             extra = {"dtype": activations} if activations != config.dtype else {}
             out += [ExecutionVariant({**extra, "weights": w}) for w in ("int8", "int4")
                     if WEIGHT_BITS[w] < WEIGHT_BITS[str(config.weights)]]
-        elif WEIGHT_BITS["int4"] < WEIGHT_BITS[str(config.weights)] and c_kernels_build():
+            int4 = {} if config.weights == "int4" else {**extra, "weights": "int4"}
+        elif c_kernels_isa() is not None:
             # NOTE: a float32 run where bfloat16 is emulated: int4 on the C kernel with its own float32
             # activations (a one-row step of SmolLM2-135M 37 -> 5 ms on a 2-core AVX2 EPYC, docs/results.md)
-            out.append(ExecutionVariant({"weights": "int4"}))
+            int4 = {} if config.weights == "int4" else {"weights": "int4"}
+            if int4:
+                out.append(ExecutionVariant(int4))
+        # NOTE: only where the kernels are the AVX2 build: 8-bit activations halve its instructions (30 layers at
+        # 8 rows 14.6 -> 9.0 ms, docs/results.md); an AVX-512 VNNI build runs the 8-bit tile as AVX2 code, which
+        # is unmeasured against its own 16-bit tile
+        if int4 is not None and c_kernels_isa() == "avx2" and config.int4_act_bits != 8:
+            out.append(ExecutionVariant({**int4, "int4_act_bits": 8}))
     backend = resolved_attention_backend(config, device)
     other = {"cpu": "torch", "triton": "torch", "torch": "cpu" if device.type == "cpu" else "triton"}[backend]
     if not (other == "cpu" and config.dtype not in CPU_KERNEL_DTYPES):

@@ -52,7 +52,7 @@ DEFAULT_CONTEXT = 128
 PATHS = ("eager", OPTIMIZED)
 # The engine settings the calibration keeps from the run (its pool and seats are sized for the calibration).
 KEPT_SETTINGS = ("max_num_batched_tokens", "block_size", "kv_layout", "enable_chunked_prefill", "attention_backend",
-                 "dtype", "device", "num_threads", "weights", "seed")
+                 "dtype", "device", "num_threads", "weights", "int4_act_bits", "seed")
 
 
 @dataclass(slots=True)

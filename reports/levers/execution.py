@@ -24,11 +24,12 @@ DESCRIPTIONS = {
     "execution": "the {value} execution path",
     "dtype": "{value} weights, activations and KV cache",
     "weights": "{value} weight-only quantized GEMM weights",
+    "int4_act_bits": "{value}-bit activations in the int4 kernel",
     "attention_backend": "the {value} attention kernels",
 }
 
 
-def describe(changes: Mapping[str, str]) -> str:
+def describe(changes: Mapping[str, str | int]) -> str:
     return ", ".join(DESCRIPTIONS.get(k, k + " {value}").format(value=v) for k, v in changes.items())
 
 

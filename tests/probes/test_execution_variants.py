@@ -19,6 +19,7 @@ def names(config: EngineConfig) -> list[str]:
 def test_a_cpu_with_native_bfloat16_is_offered_bfloat16_and_quantized_weights_with_bfloat16_activations(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32", "bfloat16"))
+    monkeypatch.setattr(ev, "c_kernels_isa", lambda: "avx512-vnni")  # no 8-bit activations offered there
     assert names(EngineConfig()) == ["dtype=bfloat16", "dtype=bfloat16,weights=int8", "dtype=bfloat16,weights=int4",
                                      "attention_backend=torch"]
     # an eager run is offered the optimized path first, and the C kernel as its attention
@@ -32,11 +33,23 @@ def test_a_cpu_with_native_bfloat16_is_offered_bfloat16_and_quantized_weights_wi
 def test_a_cpu_that_would_emulate_bfloat16_is_offered_int4_on_the_c_kernel_with_float32_activations_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32",))
-    monkeypatch.setattr(ev, "c_kernels_build", lambda: True)
+    monkeypatch.setattr(ev, "c_kernels_isa", lambda: "scalar")
     assert names(EngineConfig()) == ["weights=int4", "attention_backend=torch"]
     assert names(EngineConfig(weights="int4")) == ["attention_backend=torch"]
-    monkeypatch.setattr(ev, "c_kernels_build", lambda: False)  # torch's int4 path would want bfloat16
+    monkeypatch.setattr(ev, "c_kernels_isa", lambda: None)  # no kernels: torch's int4 path would want bfloat16
     assert names(EngineConfig()) == ["attention_backend=torch"]
+
+
+def test_the_avx2_kernels_are_offered_eight_bit_activations_beside_int4(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ev, "c_kernels_isa", lambda: "avx2")
+    monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32",))
+    assert names(EngineConfig()) == ["weights=int4", "int4_act_bits=8,weights=int4", "attention_backend=torch"]
+    assert names(EngineConfig(weights="int4")) == ["int4_act_bits=8", "attention_backend=torch"]
+    assert names(EngineConfig(weights="int4", int4_act_bits=8)) == ["attention_backend=torch"]
+    monkeypatch.setattr(ev, "native_dtypes", lambda device: ("float32", "bfloat16"))
+    assert "dtype=bfloat16,int4_act_bits=8,weights=int4" in names(EngineConfig())
+    eight = ExecutionVariant({"weights": "int4", "int4_act_bits": 8})
+    assert eight.flags == "--weights int4 --int4-act-bits 8" and eight.changes_numbers
 
 
 def test_a_variant_names_its_flags_and_whether_it_changes_the_numbers() -> None:

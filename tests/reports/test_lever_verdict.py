@@ -76,7 +76,7 @@ def test_execution_levers_are_predicted_and_priced_and_a_lever_changing_no_numbe
         tmp_path: Path) -> None:
     import torch
 
-    from probes.execution_variants import c_kernels_build, native_dtypes
+    from probes.execution_variants import c_kernels_isa, native_dtypes
 
     run_dir = run(tmp_path / "levers", Load(users=8, duration_s=2.0, workload_args=SHORT), {"max_num_seqs": 8},
                   time_paths=True, execution_levers=True)
@@ -91,10 +91,11 @@ def test_execution_levers_are_predicted_and_priced_and_a_lever_changing_no_numbe
         # oneDNN would emulate bfloat16 here: neither it nor int8 is offered; int4 on the C kernel, with float32
         # activations, where the kernels build
         numeric = sorted(name for name, lv in by_name.items() if lv["changes_numbers"])
-        if not c_kernels_build():
+        if c_kernels_isa() is None:
             assert numeric == [], numeric
             pytest.skip("no native bfloat16 GEMM and no C kernels here: no lever changes the numbers")
-        assert numeric == ["weights=int4"], numeric
+        # the AVX2 kernels are offered 8-bit activations too
+        assert numeric == ["int4_act_bits=8,weights=int4"] * (c_kernels_isa() == "avx2") + ["weights=int4"], numeric
         int4 = by_name["weights=int4"]
         assert int4["flags"] == "--weights int4" and int4["predicted_gain"] is not None
         assert 0.0 <= int4["accuracy"]["agreement"] <= 1.0 and int4["price"].startswith("agrees on ")
