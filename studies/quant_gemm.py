@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch-int4-bf16": [[Int4Projection(Int4Groups.from_float(w), torch.bfloat16) for w in layer]
                             for layer in floats],
     }
-    dtypes = {"kernel-q4": torch.bfloat16, "kernel-q4-a8": torch.bfloat16, "dense-bf16": torch.bfloat16, "dense-f32": torch.float32,
-              "torch-int4-bf16": torch.bfloat16}
+    dtypes = {"kernel-q4": torch.bfloat16, "kernel-q4-a8": torch.bfloat16, "dense-bf16": torch.bfloat16,
+              "dense-f32": torch.float32, "torch-int4-bf16": torch.bfloat16}
     by_rows: dict[int, dict[str, float]] = {}
     kinds = {name: getattr(layers[0][0], "kind", name) for name, layers in forms.items()}
     report["kinds"] = kinds

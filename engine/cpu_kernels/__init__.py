@@ -94,9 +94,7 @@ class CpuKernels:
                             f"on {x.device}")
         if x.shape[1] != weight.num_cols:
             raise ValueError(f"quant_gemm: x has {x.shape[1]} columns, the weight {weight.num_cols}")
-        if act_bits not in (8, 16) or (act_bits == 8 and weight.bits != 4):
-            raise ValueError(f"quant_gemm multiplies 16-bit activations, or 8-bit ones with 4-bit weights; "
-                             f"not {act_bits}-bit with {weight.bits}-bit")
+        weight.check_act_bits(act_bits)
         x = x.contiguous()
         if out is None:
             out = x.new_empty((x.shape[0], weight.num_rows))

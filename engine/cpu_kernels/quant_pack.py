@@ -38,6 +38,13 @@ class PackedWeight:
     def nbytes(self) -> int:
         return self.data.numel()
 
+    def check_act_bits(self, act_bits: int) -> None:
+        """Raise unless the kernel multiplies these codes with ``act_bits`` activations: 16, or 8 for 4-bit codes
+        (quant_gemv.c's ``bits_ok``)."""
+        if act_bits not in (8, 16) or (act_bits == 8 and self.bits != 4):
+            raise ValueError(f"the kernel multiplies 16-bit activations, or 8-bit ones with 4-bit weights; not "
+                             f"{act_bits}-bit with {self.bits}-bit")
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weight the kernel multiplies (float16 scales included)."""
         tiles, groups, _ = self.data.shape

@@ -33,9 +33,7 @@ class KernelQuantProjection:
                  dense_from_rows: int | None = None, act_bits: int = 16) -> None:
         if (dense is None) != (dense_from_rows is None):
             raise ValueError("a dense copy and the row count from which it is used go together")
-        if act_bits not in (8, 16) or (act_bits == 8 and packed.bits != 4):
-            raise ValueError(f"the kernel takes 16-bit activations, or 8-bit ones with 4-bit codes; not {act_bits}-bit "
-                             f"with {packed.bits}-bit")
+        packed.check_act_bits(act_bits)  # at load, not at the first step
         self.kind = f"int{packed.bits}-kernel" + ("-a8" if act_bits == 8 else "")
         self.act_bits = act_bits
         self.packed = packed

@@ -4,7 +4,8 @@ Both run the same quantized GEMM, so they differ only where the C step's norms, 
 sum or round in another order than torch, and where such a last-bit difference moves an activation across
 a rounding boundary of the GEMM's 16-bit activations (one step is 1/32767 of its group's largest): in
 float32 by about that step, in bfloat16 by at most a few bfloat16 steps; with 8-bit activations
-(``--int4-act-bits 8``, a step of 1/127) by about one 8-bit step. Batches mix context lengths, GQA heads (dummy:tiny has 4 query heads over 2 KV heads) and
+(``--int4-act-bits 8``, a step of 1/127) by a few 8-bit steps.
+Batches mix context lengths, GQA heads (dummy:tiny has 4 query heads over 2 KV heads) and
 block boundaries; the engine's tokens with and without the fused step must be the same.
 """
 

@@ -149,6 +149,10 @@ def test_kernel_refuses_what_it_cannot_multiply() -> None:
         KERNELS.quant_gemm(torch.randn(2, 64), packed8, act_bits=8)
     with pytest.raises(ValueError, match="8-bit ones with 4-bit weights"):
         KERNELS.quant_gemm(torch.randn(2, 64), packed, act_bits=12)
+    from engine.model.kernel_projection import KernelQuantProjection
+
+    with pytest.raises(ValueError, match="8-bit ones with 4-bit weights"):  # refused when the model is built
+        KernelQuantProjection(KERNELS, packed8, act_bits=8)
     with pytest.raises(ValueError, match="64"):
         KERNELS.quant_gemm(torch.randn(2, 96), packed)
     with pytest.raises(TypeError, match="float32 or bfloat16"):
