@@ -89,8 +89,8 @@ static inline __m256i bcast_pair(const int16_t *p) {
  * vectors) and then multiplying left more live vectors than AVX2's 16 registers, and the spills cost more than
  * the arithmetic. SmolLM2's layers in a one-row decode step 2.86 -> 2.52 ms, four rows 7.71 -> 5.57, eight
  * 16.5 -> 12.4 (fused step on fixed inputs, interleaved builds, 2-core AVX2 EPYC, 2026-12-07); the Q8_0 head
- * at one row 0.76 -> 0.69 ms, four 1.79 -> 1.18. The integer sums
- * are exact, so the order does not change a bit of the output. */
+ * at one row 0.76 -> 0.69 ms, four 1.79 -> 1.18. The integer sums are exact, so the order does not change a
+ * bit of the output. */
 
 /* dot[i][h] += the products of activation row i's pairs with block p's codes, per row of half h (Q4: the
  * low and high nibbles of the block's 32 bytes per half are codes 4p .. 4p + 3 and 16 + 4p .. 16 + 4p + 3). */
