@@ -35,6 +35,10 @@ class EngineBase:
                                        self.config.max_model_len)  # type: ignore[arg-type]
         self.num_steps = 0
 
+    def decode_weight_bytes(self) -> int | None:
+        """Bytes of weights a decode step reads as this engine stores them; None where the engine cannot say."""
+        return None
+
     @property
     def observers(self) -> list[EngineObserver]:
         return self.outputs.observers

@@ -42,6 +42,9 @@ class LLMEngine(EngineBase):
     def _enqueue(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
+    def decode_weight_bytes(self) -> int | None:
+        return self.runner.model.decode_weight_bytes()
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is unknown or already done."""
         request = self.scheduler.finish_request(RequestId(request_id), RequestStatus.FINISHED_ABORTED)

@@ -32,6 +32,11 @@ class ModelShape:
     num_heads: int
     head_dim: int
     kv_bytes_per_token: int
+    # Bytes of weights a decode step reads as the engine stores them (quantized codes and scales where the run
+    # quantized them), when the engine that served it said so; else num_params in dtype.
+    # NOTE: with --weights int4 the model's float32 bytes are 5.6 times what a step reads, and a roofline or a
+    # single-stream bandwidth built on them read 5x above the machine's bandwidth.
+    served_weight_bytes: int | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -39,25 +44,30 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> int:
+        if self.served_weight_bytes is not None:
+            return self.served_weight_bytes
         return self.num_params * self.dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_config(cls, name: str, config: Any, dtype: str) -> ModelShape:
-        """From an ``engine.model.config.LlamaConfig``."""
+    def from_config(cls, name: str, config: Any, dtype: str, served_weight_bytes: int | None = None) -> ModelShape:
+        """From an ``engine.model.config.LlamaConfig`` (and the bytes its engine's steps read, when known)."""
         embed = config.vocab_size * config.hidden_size
         head = 0 if config.tie_word_embeddings else embed
         layer_params = config.num_params - embed - head - config.hidden_size
         return cls(name=name, dtype=dtype, num_params=config.num_params, num_layer_params=layer_params,
                    vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_layers=config.num_layers,
                    num_heads=config.num_heads, head_dim=config.head_dim,
-                   kv_bytes_per_token=config.kv_bytes_per_token(DTYPE_BYTES[dtype]))
+                   kv_bytes_per_token=config.kv_bytes_per_token(DTYPE_BYTES[dtype]),
+                   served_weight_bytes=served_weight_bytes)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelShape:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        # NOTE: manifests written before served_weight_bytes existed lack it (the fields with a default)
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)
+                      if f.name in data or f.default is dataclasses.MISSING})
 
 
 def resolve_model_shape(model: str | None, dtype: str = "float32") -> ModelShape | None:

@@ -76,7 +76,8 @@ class ProbeSession:
         manifest = RunManifest.collect(
             model=engine.model_name, engine_config=dataclasses.asdict(engine.config), workload=workload,
             seeds={"engine": engine.config.seed, **(seeds or {})}, timers={StepProbe.name: StepProbe.timer},
-            model_shape=ModelShape.from_config(engine.model_name, engine.model_config, engine.config.dtype),
+            model_shape=ModelShape.from_config(engine.model_name, engine.model_config, engine.config.dtype,
+                                               engine.decode_weight_bytes()),
         )
         return cls(run_dir, probes, manifest, engine, flush_interval_s)
 

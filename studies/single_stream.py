@@ -101,27 +101,6 @@ def _engine(flags: str, loaded_by_dtype: dict[str, LoadedModel]) -> LLMEngine:
     return LLMEngine(config, loaded_by_dtype[config.dtype])
 
 
-def weight_bytes_per_token(engine: LLMEngine) -> int | None:
-    """Bytes of projection weights a decode step reads (every layer's and the LM head's); None if unknown."""
-    from engine.model.kernel_projection import KernelQuantProjection
-    from engine.model.projection import DenseProjection
-
-    model = engine.runner.model
-    projections = [model.lm_head]
-    for layer in model.model.layers:
-        projections += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj]
-    total = 0
-    for proj in projections:
-        if isinstance(proj, KernelQuantProjection):
-            total += proj.packed.nbytes
-        elif isinstance(proj, DenseProjection):
-            total += proj.weight.numel() * proj.weight.element_size()
-        else:
-            return None
-    return total
-
-
 def profile_decode(engine: LLMEngine, prompt_ids: list[int], out_path: str) -> None:
     """Per-op CPU time of 8 decode steps (after the prompt and 4 warm steps)."""
     from torch.profiler import ProfilerActivity, profile
@@ -160,7 +139,7 @@ def _report_bandwidth(runners: dict[str, object], report: dict[str, dict], befor
     print()
     machine = best[default_threads]
     for name, runner in runners.items():
-        nbytes = weight_bytes_per_token(runner) if isinstance(runner, LLMEngine) else None
+        nbytes = runner.decode_weight_bytes() if isinstance(runner, LLMEngine) else None
         if nbytes is None:
             continue
         rate = nbytes / report[name]["tpot_p50_s"]

@@ -37,6 +37,7 @@ class KernelQuantProjection:
         self.kind = f"int{packed.bits}-kernel" + ("-a8" if act_bits == 8 else "")
         self.act_bits = act_bits
         self.packed = packed
+        self.weight_bytes = packed.nbytes  # a decode step's read; the dense copy serves big steps only
         self.dense = dense
         # NOTE: with no dense copy every step takes the kernel; a bound above any batch keeps __call__ one test.
         self.dense_from_rows = dense_from_rows if dense_from_rows is not None else 1 << 62

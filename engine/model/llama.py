@@ -155,3 +155,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads as stored: every projection and the LM head (quantized codes and
+        scales where quantized); the norms and one embedding row per token are left out (under 0.1%)."""
+        total = self.lm_head.weight_bytes
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            total += sum(p.weight_bytes for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        return total

@@ -100,14 +100,13 @@ def run_diagnose(configs: list[LoadConfig], out: Path, serve_argv: list[str], mo
         peaks = measure_peaks()
     for run_dir in point_dirs:
         RunDirectory(run_dir).write_peaks(peaks)
-    tokenizer: TokenizerLike | None = None
+    # NOTE: before any server starts, not while it starts: a server measures the peaks its run directory lacks
+    # (another dtype) before its engine, and the tokenizer's load beside it took a core of two from the copy.
+    tokenizer = load_tokenizer(model)
     for config, run_dir in zip(configs, point_dirs, strict=True):
         RunDirectory(run_dir).save(LOAD_NAME, LoadInfo(config=config.to_dict()))
         argv = ["--workload-json", str(run_dir / LOAD_NAME), "--workload-seed", str(config.seed), *serve_argv]
         with ServerProcess(run_dir, argv) as server:
-            # NOTE: the tokenizer loads while the server loads its model (both take seconds).
-            if tokenizer is None:
-                tokenizer = load_tokenizer(model)
             label = f"[bold]{config.point_name}[/]: starting the server ({model})"
             with console.status(label) as status:
                 server.wait_healthy(SERVER_STARTUP_TIMEOUT_S,
@@ -253,9 +252,13 @@ def run_diagnose_search(base: LoadConfig, out: Path, serve_argv: list[str], mode
     workload.write_text(json.dumps({"config": base.to_dict(), "max_users": search.max_users}))
     argv = ["--workload-json", str(workload), "--workload-seed", str(base.seed), *serve_argv]
     point_dirs: list[Path] = []
+    # NOTE: before the server starts, not while it starts: the server measures this machine's copy bandwidth
+    # before its engine, and the tokenizer loading beside it (seconds of one core) halved it on a 2-core machine
+    # (17.0 against 31-38 GB/s measured alone, AMD EPYC, 2026-12-07): every bandwidth share and roofline floor
+    # of the run was twice what it should have been.
+    tokenizer = load_tokenizer(model)
     try:
         with ServerProcess(server_dir, argv) as server:
-            tokenizer = load_tokenizer(model)
             label = f"starting the server ({model})"
             with console.status(label) as status:
                 server.wait_healthy(SERVER_STARTUP_TIMEOUT_S,

@@ -199,3 +199,35 @@ def test_diagnose_ablate_runs_every_lever_variant_and_reports_them(tmp_path) -> 
     assert rows["continuous"]["throughput_vs_baseline"] == 1.0
     assert rows["no-batching"]["bottleneck"] == "batching"
     assert (out / "report.html").read_text().count("Ablation") >= 1
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_the_tokenizer_is_loaded_before_a_server_starts_not_beside_it(tmp_path, monkeypatch, search: bool) -> None:
+    """A starting server measures this machine's copy bandwidth (the roof of every share in the report); the
+    tokenizer's load beside it on a 2-core machine halved the figure (17 against 31-38 GB/s)."""
+    from rich.console import Console
+
+    from loadtests.config import LoadConfig
+    from loadtests.run import orchestrator
+
+    events: list[str] = []
+
+    class _Stop(Exception):
+        pass
+
+    def server_process(*args, **kwargs):
+        events.append("server starts")
+        raise _Stop
+
+    monkeypatch.setattr(orchestrator, "load_tokenizer", lambda name: events.append(f"tokenizer {name}"))
+    monkeypatch.setattr(orchestrator, "ServerProcess", server_process)
+    real_peaks = orchestrator.measure_peaks
+    monkeypatch.setattr(orchestrator, "measure_peaks", lambda: real_peaks(copy_mib=1, matmul_n=64, repeats=1))
+    console = Console(quiet=True)
+    with pytest.raises(_Stop):
+        if search:
+            orchestrator.run_diagnose_search(LoadConfig(users=1), tmp_path / "out", [], MODEL, console,
+                                             orchestrator.SearchOptions(8))
+        else:
+            orchestrator.run_diagnose([LoadConfig(users=1)], tmp_path / "out", [], MODEL, console)
+    assert events == [f"tokenizer {MODEL}", "server starts"]

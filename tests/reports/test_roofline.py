@@ -114,3 +114,32 @@ def test_a_run_gets_mbu_and_mfu_for_decode_and_prefill(scenario_dir) -> None:
 def test_unknown_models_have_no_shape() -> None:
     assert resolve_model_shape(None) is None
     assert resolve_model_shape("some-org/some-model") is None
+
+
+@pytest.mark.parametrize("weights", ["dense", "int4"])
+def test_the_manifest_records_the_weight_bytes_a_step_reads_as_served(tmp_path, weights: str) -> None:
+    from probes.session import ProbeSession
+
+    engine = LLMEngine(EngineConfig(model="dummy:tiny", weights=weights))
+    with ProbeSession.for_engine(engine, tmp_path / "run") as session:
+        shape = session.manifest.model_shape
+    assert shape is not None
+    config = engine.model_config
+    dense_bytes = config.num_params * 4  # float32, every parameter
+    layers = engine.runner.model.model.layers
+    if weights == "dense":
+        # Dense: every projection and the (tied) head, all but the norms' few parameters.
+        norms = (2 * config.num_layers + 1) * config.hidden_size * 4
+        assert shape.weight_bytes == dense_bytes - norms
+    else:
+        # The 4-bit codes with their float16 scales and minima (20 bytes per 32 weights), a head of 8-bit codes
+        # (34 per 32), whatever the model's float32 size says.
+        codes = sum(p.packed.nbytes for layer in layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj))
+        assert shape.weight_bytes == codes + engine.runner.model.lm_head.packed.nbytes
+        assert shape.weight_bytes < dense_bytes / 4
+    # What run.json holds reads back the same; a manifest written before the field existed reads as dense.
+    reread = ModelShape.from_dict(shape.to_dict())
+    assert reread.weight_bytes == shape.weight_bytes
+    old = {k: v for k, v in shape.to_dict().items() if k != "served_weight_bytes"}
+    assert ModelShape.from_dict(old).weight_bytes == dense_bytes
