@@ -97,12 +97,13 @@ def execution_variants(config: Any, device: torch.device) -> list[ExecutionVaria
     if device.type == "cpu":
         activations = str(config.dtype) if config.dtype != "float32" else "bfloat16" if "bfloat16" in dtypes else None
         int4: dict[str, str] | None = None  # what makes this run int4 (None: no int4 lever here)
+        isa = c_kernels_isa()
         if activations is not None:
             extra = {"dtype": activations} if activations != config.dtype else {}
             out += [ExecutionVariant({**extra, "weights": w}) for w in ("int8", "int4")
                     if WEIGHT_BITS[w] < WEIGHT_BITS[str(config.weights)]]
             int4 = {} if config.weights == "int4" else {**extra, "weights": "int4"}
-        elif c_kernels_isa() is not None:
+        elif isa is not None:
             # NOTE: a float32 run where bfloat16 is emulated: int4 on the C kernel with its own float32
             # activations (a one-row step of SmolLM2-135M 37 -> 5 ms on a 2-core AVX2 EPYC, docs/results.md)
             int4 = {} if config.weights == "int4" else {"weights": "int4"}
@@ -111,7 +112,7 @@ def execution_variants(config: Any, device: torch.device) -> list[ExecutionVaria
         # NOTE: only where the kernels are the AVX2 build: 8-bit activations halve its instructions (30 layers at
         # 8 rows 14.6 -> 9.0 ms, docs/results.md); an AVX-512 VNNI build runs the 8-bit tile as AVX2 code, which
         # is unmeasured against its own 16-bit tile
-        if int4 is not None and c_kernels_isa() == "avx2" and config.int4_act_bits != 8:
+        if int4 is not None and isa == "avx2" and config.int4_act_bits != 8:
             out.append(ExecutionVariant({**int4, "int4_act_bits": 8}))
     backend = resolved_attention_backend(config, device)
     other = {"cpu": "torch", "triton": "torch", "torch": "cpu" if device.type == "cpu" else "triton"}[backend]

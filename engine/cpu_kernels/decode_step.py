@@ -29,8 +29,8 @@ class _DecodeModel(ctypes.Structure):
     _fields_ = [("num_layers", _I64), ("hidden", _I64), ("num_heads", _I64), ("num_kv_heads", _I64),
                 ("head_dim", _I64), ("intermediate", _I64), ("block_size", _I64), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int32), ("act_bits", ctypes.c_int32),
-                ("qkv", _PTR), ("o", _PTR), ("gate_up", _PTR), ("down", _PTR), ("input_norm", _PTR), ("post_norm", _PTR),
-                ("final_norm", _PTR), ("k_cache", _PTR), ("v_cache", _PTR), ("cos", _PTR), ("sin", _PTR)]
+                ("qkv", _PTR), ("o", _PTR), ("gate_up", _PTR), ("down", _PTR), ("input_norm", _PTR),
+                ("post_norm", _PTR), ("final_norm", _PTR), ("k_cache", _PTR), ("v_cache", _PTR), ("cos", _PTR), ("sin", _PTR)]
 
 
 class FusedDecodeStep:

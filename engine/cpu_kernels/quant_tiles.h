@@ -154,7 +154,8 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
         else
             for (int q = 0; q < 8; q++) q8_block_dots(rec, q, xq, K, MB, dot);
         for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + (bits == 4 ? 256 : 512) + 16 * h)));
+            const uint8_t *scales = rec + (bits == 4 ? 256 : 512) + 16 * h;
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)scales));
             const __m256 mn = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)))
                                         : _mm256_setzero_ps();
             for (int i = 0; i < MB; i++) {

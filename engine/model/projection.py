@@ -60,7 +60,7 @@ class DenseProjection:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
-        self.weight_bytes = _nbytes(weight)
+        self.weight_bytes = weight.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -73,7 +73,7 @@ class OneDnnPackedProjection:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
-        self.weight_bytes = _nbytes(weight)  # the blocked layout holds the same elements
+        self.weight_bytes = weight.nbytes  # the blocked layout holds the same elements
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
@@ -88,7 +88,7 @@ class Int8Projection:
         codes, scales = int8_rows(weight)
         self.codes = codes  # [N, K] int8
         self.scales = scales.to(weight.dtype)  # [N]; the kernel wants the activations' dtype
-        self.weight_bytes = _nbytes(self.codes) + _nbytes(self.scales)
+        self.weight_bytes = self.codes.nbytes + self.scales.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
@@ -106,14 +106,10 @@ class Int4Projection:
         # NOTE: the kernel computes (code - 8) * scale + zero, so Q4_1's min becomes zero = min + 8 * scale.
         zeros = groups.mins + 8 * groups.scales
         self.scales_and_zeros = torch.stack([groups.scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        self.weight_bytes = _nbytes(self.packed) + _nbytes(self.scales_and_zeros)
+        self.weight_bytes = self.packed.nbytes + self.scales_and_zeros.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP_SIZE, self.scales_and_zeros)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def dense(weight: torch.Tensor) -> Projection:
