@@ -36,6 +36,11 @@
  * 16-byte broadcast meets the four rows of a 128-bit lane of nibbles as they lie.
  * NOTE: the 8-bit tile is AVX2 code in the AVX2 and AVX-512 builds (no vpdpbusd version yet), plain C otherwise.
  *
+ * 16-bit activations of one row on AVX2 (gemm_tile_planes): each code xq is also stored as two byte planes,
+ * hi = xq >> 8 and lo = xq & 255 (xq = 256 * hi + lo), each in the 8-bit layout above, and the tile runs the
+ * 8-bit tile's vpmaddubsw on both: 16 instructions per row and 64 bytes of weights where widening the codes
+ * to 16 bits took 30 (the integer sums, and so the outputs, are the same).
+ *
  * NOTE: the activations' quantization is the same in every build (the same float operations rounded the same
  * way) and the integer sums are exact, so every build gives the same outputs.
  */
@@ -63,6 +68,9 @@ static inline int omp_team_size(void) { return 1; }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QG_A8_AVX2 1 /* the 8-bit-activation tile in AVX2 (also in the AVX-512 build) */
 #endif
+#if defined(QG_AVX2)
+#define QG_A16_PLANES 1 /* 16-bit activations also as byte planes, for the AVX2 Q4 tile of a few rows */
+#endif
 
 #define TILE 16
 #define GROUP 32
@@ -87,6 +95,12 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 #define MBLOCK 8
 #else
 #define MBLOCK 4
+#endif
+/* Activation rows up to which the AVX2 build's Q4 tile reads the byte planes (gemm_tile_planes). NOTE: one:
+ * with two rows its sums no longer fit AVX2's 16 registers, and a fused step of two or four rows took 1.05x
+ * and 1.19x the widening tile's time (2-core AVX2 EPYC, 2026-12-07). */
+#ifndef PLANE_ROWS
+#define PLANE_ROWS 1
 #endif
 
 const char *quant_gemv_isa(void) {
@@ -167,9 +181,32 @@ static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, floa
     }
 }
 
-/* Row m of x (float32 or bfloat16) into QuantActs, in act_bits; `row` is K floats of scratch. */
-static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, int act_bits, const QuantActs *a,
-                         float *row) {
+#if defined(QG_A16_PLANES)
+/* A row's 16-bit codes again as two byte planes, 256 bytes a group: hi = xq >> 8 (-128 .. 127), then
+ * lo = xq & 255 (0 .. 255), so xq = 256 * hi + lo; each plane in the 8-bit tile's layout (a8_offset). The
+ * codes' own bytes are (lo, hi) pairs, so each plane of two quads is one byte shuffle of the quads' 16 bytes. */
+static void quantize_planes(const int16_t *xq, int64_t K, int8_t *x16) {
+    /* per 128-bit lane (one quad): hi of codes 0, 1 four times, then of codes 2, 3; lo likewise */
+    const __m256i pick_hi = _mm256_setr_epi8(1, 3, 1, 3, 1, 3, 1, 3, 5, 7, 5, 7, 5, 7, 5, 7,
+                                             9, 11, 9, 11, 9, 11, 9, 11, 13, 15, 13, 15, 13, 15, 13, 15);
+    const __m256i pick_lo = _mm256_setr_epi8(0, 2, 0, 2, 0, 2, 0, 2, 4, 6, 4, 6, 4, 6, 4, 6,
+                                             8, 10, 8, 10, 8, 10, 8, 10, 12, 14, 12, 14, 12, 14, 12, 14);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        int8_t *hi = x16 + g * 8 * GROUP, *lo = hi + 4 * GROUP;
+        for (int b = 0; b < GROUP / 4; b += 2) {
+            const __m128i two = _mm_loadu_si128((const __m128i *)(xq + g * GROUP + 4 * b));
+            const __m256i quads = _mm256_broadcastsi128_si256(two);
+            _mm256_storeu_si256((__m256i *)(hi + 16 * b), _mm256_shuffle_epi8(quads, pick_hi));
+            _mm256_storeu_si256((__m256i *)(lo + 16 * b), _mm256_shuffle_epi8(quads, pick_lo));
+        }
+    }
+}
+#endif
+
+/* Row m of x (float32 or bfloat16) into QuantActs, in act_bits (and the byte planes where the build's tile for
+ * `bits` reads them); `row` is K floats of scratch. */
+static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, int bits, int act_bits,
+                         const QuantActs *a, float *row) {
     const float *src;
     if (x_bf16) {
         const uint16_t *xb = (const uint16_t *)x + m * K;
@@ -181,6 +218,9 @@ static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, int ac
     const int64_t G = K / GROUP;
     if (act_bits == 8) quantize_row8(src, K, a->x8 + m * 4 * K, a->dx + m * G, a->sx + m * G);
     else quantize_row16(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
+#if defined(QG_A16_PLANES)
+    if (act_bits == 16 && bits == 4 && a->x16) quantize_planes(a->xq + m * K, K, a->x16 + m * 8 * K);
+#endif
 }
 
 /* Byte of row r's pair-ordered code k within a block of 64 (k < 4: pair 0 at e = k, pair 1 at e = k - 2). */
@@ -215,13 +255,22 @@ static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int
     case ROWS: gemm_tile(rec, BITS, G, acts, K, m0, ROWS, acc); break;
 #define TILE_CASE_A8(ROWS) \
     case ROWS: gemm_tile_a8(rec, G, acts, K, m0, ROWS, acc); break;
+#if defined(QG_A16_PLANES)
+#define TILE_CASE_Q4(ROWS) \
+    case ROWS: if (ROWS <= PLANE_ROWS) gemm_tile_planes(rec, G, acts, K, m0, ROWS, acc); \
+               else gemm_tile(rec, 4, G, acts, K, m0, ROWS, acc); break;
+#else
+#define TILE_CASE_Q4(ROWS) TILE_CASE(4, ROWS)
+#endif
 #if MBLOCK == 8
 #define TILE_CASES(BITS) TILE_CASE(BITS, 8) TILE_CASE(BITS, 7) TILE_CASE(BITS, 6) TILE_CASE(BITS, 5) \
     TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#define TILE_CASES_Q4 TILE_CASES(4)
 #define TILE_CASES_A8 TILE_CASE_A8(8) TILE_CASE_A8(7) TILE_CASE_A8(6) TILE_CASE_A8(5) \
     TILE_CASE_A8(4) TILE_CASE_A8(3) TILE_CASE_A8(2) TILE_CASE_A8(1)
 #else
 #define TILE_CASES(BITS) TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
+#define TILE_CASES_Q4 TILE_CASE_Q4(4) TILE_CASE_Q4(3) TILE_CASE_Q4(2) TILE_CASE_Q4(1)
 #define TILE_CASES_A8 TILE_CASE_A8(4) TILE_CASE_A8(3) TILE_CASE_A8(2) TILE_CASE_A8(1)
 #endif
 
@@ -232,7 +281,7 @@ static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, con
     if (act_bits == 8) {
         switch (rows) { TILE_CASES_A8 default: break; }
     } else if (bits == 4) {
-        switch (rows) { TILE_CASES(4) default: break; }
+        switch (rows) { TILE_CASES_Q4 default: break; }
     } else {
         switch (rows) { TILE_CASES(8) default: break; }
     }
@@ -246,17 +295,29 @@ static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, con
 /* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
 static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 
-/* Bytes of one copy of M rows' quantized activations: the codes (4 bytes per activation: the 8-bit layout's
- * four copies, twice the 16-bit codes), then dx and sx. */
+/* Bytes of the codes of one copy per activation: the 8-bit layout's four copies (twice the 16-bit codes), or
+ * the 16-bit codes and their byte planes (2 + 8). */
+#if defined(QG_A16_PLANES)
+#define CODE_BYTES 10
+#else
+#define CODE_BYTES 4
+#endif
+
+/* Bytes of one copy of M rows' quantized activations: the codes, then dx and sx. */
 static size_t acts_stride(int64_t M, int64_t K) {
-    return align64(4 * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
+    return align64(CODE_BYTES * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
 }
 
 static QuantActs acts_at(char *base, int64_t M, int64_t K) {
     QuantActs a;
     a.xq = (int16_t *)base;
     a.x8 = (int8_t *)base;
-    a.dx = (float *)(base + align64(4 * (size_t)(M * K)));
+#if defined(QG_A16_PLANES)
+    a.x16 = (int8_t *)(base + align64(2 * (size_t)(M * K)));
+#else
+    a.x16 = NULL;
+#endif
+    a.dx = (float *)(base + align64(CODE_BYTES * (size_t)(M * K)));
     a.sx = a.dx + M * (K / GROUP);
     return a;
 }
@@ -279,11 +340,11 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
     const QuantActs *use = acts;
     if (M <= PRIVATE_ROWS && num_threads > 1) {
         own = acts_at((char *)acts->xq + (size_t)thread * acts_stride(M, K), M, K);
-        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, act_bits, &own, row);
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, bits, act_bits, &own, row);
         use = &own;
     } else {
         #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, act_bits, acts, row);
+        for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, bits, act_bits, acts, row);
     }
     /* NOTE: guided: each thread first takes a long run of consecutive tiles (half of them, then half of the
      * rest), so it reads one contiguous stream the hardware prefetcher follows; then ever smaller runs, so a
@@ -366,10 +427,10 @@ int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int act_b
     }
     for (int64_t m = 0; m < M; m++) {
         /* one row at a time, as row 0 of a one-row QuantActs pointed at this row's outputs */
-        const QuantActs a = {codes + m * K, x8, dx + m * (K / GROUP), sx + m * (K / GROUP)};
+        const QuantActs a = {codes + m * K, x8, NULL, dx + m * (K / GROUP), sx + m * (K / GROUP)};
         const void *xm = x_bf16 ? (const void *)((const uint16_t *)x + m * K)
                                 : (const void *)((const float *)x + m * K);
-        quantize_one(xm, x_bf16, 0, K, act_bits, &a, row);
+        quantize_one(xm, x_bf16, 0, K, 4, act_bits, &a, row);
         if (act_bits == 8)
             for (int64_t k = 0; k < K; k++)
                 codes[m * K + k] = x8[(k / GROUP) * 4 * GROUP + a8_offset((int)(k % GROUP))];
