@@ -99,16 +99,25 @@ def weighted_choice(intervals: Sequence[RateInterval]) -> Choose:
     return lambda users, throughputs: choose_users(users, throughputs, weights)
 
 
+# The share of the nominal tails the saturation interval leaves out. NOTE: the level is the top of a
+# non-decreasing fit, which a lucky last point lifts; the central 95% of its redrawn levels held the true
+# level in 91-95% of simulated searches (a flat plateau and a sharp knee the worst), the central 98% in
+# 95.0-96.6% (four curve shapes, points known within +-5% and +-20%, 500 searches each; 2026-12-07,
+# docs/concepts.md): so a 95% interval takes the central 98%.
+SATURATION_TAIL_SHARE = 0.4
+
+
 def saturation_interval(intervals: Sequence[RateInterval], confidence: float = CONFIDENCE,
                         num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> dict[str, float]:
     """The saturation throughput (``reports.capacity.saturation``, its points weighted by their precision) of the
-    points with throughput ``intervals`` (in order of users) and the central ``confidence`` of the same level
-    over their redrawn curves."""
+    points with throughput ``intervals`` (in order of users) and its ``confidence`` interval: the central share
+    of the same level over their redrawn curves that holds the true level at that rate
+    (``SATURATION_TAIL_SHARE``)."""
     if not intervals:
         raise ValueError("no points")
     weights = weights_of(intervals)
     levels = [saturation_throughput(row, weights) for row in redraw(intervals, num_resamples, seed)]
-    tail = (1 - confidence) / 2
+    tail = (1 - confidence) / 2 * SATURATION_TAIL_SHARE
     low, high = np.quantile(levels, [tail, 1 - tail])
     return {"value": saturation_throughput([i.value for i in intervals], weights), "low": float(low),
             "high": float(high), "confidence": confidence}

@@ -58,19 +58,21 @@ def test_the_interval_covers_a_soft_bend_at_its_stated_rate() -> None:
     assert coverage >= 0.9
 
 
-def test_the_saturation_interval_covers_the_true_level_at_its_stated_rate() -> None:
-    # The level the curve saturates at, from searches whose points are known within ±10% (95%): the true
-    # curve's level (the mean of its plateau's points) inside the 95% interval in at least 90% of 60 searches.
-    soft = {u: 100.0 * min(u, 10) / 10 for u in USERS}  # a plateau of 100 from 12 users on
-    truth = saturation_throughput([soft[u] for u in USERS])
-    assert truth == pytest.approx(100.0)
+@pytest.mark.parametrize("shape", ["plateau", "knee"])
+def test_the_saturation_interval_covers_the_true_level_at_its_stated_rate(shape: str) -> None:
+    # The level the curve saturates at, from searches whose points are known within +-10% (95%): the true
+    # curve's level (the mean of its plateau's points) inside the 95% interval in at least 95% of 200 searches.
+    # The two shapes where the plain central 95% of the redrawn levels held it least often (91-92%).
+    curve = {u: 100.0 * min(u, 10) / 10 for u in USERS} if shape == "plateau" else \
+        {u: 12.0 * u if u <= 8 else 96.0 + 0.1 * (u - 8) for u in USERS}
+    truth = saturation_throughput([curve[u] for u in USERS])
     rng = np.random.default_rng(3)
     held = 0
-    for search in range(60):
-        _, intervals = _measured(rng, soft, 0.05)
+    for search in range(200):
+        _, intervals = _measured(rng, curve, 0.05)
         span = saturation_interval(intervals, num_resamples=200, seed=search)
         held += span["low"] <= truth <= span["high"]
-    assert held / 60 >= 0.9
+    assert held / 200 >= 0.95
 
 
 def test_points_that_cannot_be_told_apart_name_no_capacity() -> None:
