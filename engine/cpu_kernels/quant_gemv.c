@@ -219,7 +219,8 @@ static void quantize_one(const void *x, int x_bf16, int64_t m, int64_t K, int bi
     if (act_bits == 8) quantize_row8(src, K, a->x8 + m * 4 * K, a->dx + m * G, a->sx + m * G);
     else quantize_row16(src, K, a->xq + m * K, a->dx + m * G, a->sx + m * G);
 #if defined(QG_A16_PLANES)
-    if (act_bits == 16 && bits == 4 && a->x16) quantize_planes(a->xq + m * K, K, a->x16 + m * 8 * K);
+    if (act_bits == 16 && bits == 4 && a->x16 && m >= a->x16_row)
+        quantize_planes(a->xq + m * K, K, a->x16 + (m - a->x16_row) * 8 * K);
 #endif
 }
 
@@ -295,29 +296,32 @@ static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, con
 /* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
 static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 
-/* Bytes of the codes of one copy per activation: the 8-bit layout's four copies (twice the 16-bit codes), or
- * the 16-bit codes and their byte planes (2 + 8). */
+/* Rows of M that the byte-plane tile multiplies: the last row block's, when it has at most PLANE_ROWS rows. */
+static int64_t plane_rows(int64_t M) {
 #if defined(QG_A16_PLANES)
-#define CODE_BYTES 10
+    return M % MBLOCK <= PLANE_ROWS ? M % MBLOCK : 0;
 #else
-#define CODE_BYTES 4
+    (void)M;
+    return 0;
 #endif
+}
 
-/* Bytes of one copy of M rows' quantized activations: the codes, then dx and sx. */
+/* Bytes of one copy of M rows' quantized activations: the codes (4 bytes per activation: the 8-bit layout's
+ * four copies, twice the 16-bit codes), the byte planes of the rows that need them (8 bytes per activation),
+ * then dx and sx. */
 static size_t acts_stride(int64_t M, int64_t K) {
-    return align64(CODE_BYTES * (size_t)(M * K)) + align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
+    return align64(4 * (size_t)(M * K)) + align64(8 * (size_t)(plane_rows(M) * K)) +
+           align64(2 * sizeof(float) * (size_t)(M * (K / GROUP)));
 }
 
 static QuantActs acts_at(char *base, int64_t M, int64_t K) {
     QuantActs a;
+    const size_t codes = align64(4 * (size_t)(M * K)), planes = align64(8 * (size_t)(plane_rows(M) * K));
     a.xq = (int16_t *)base;
     a.x8 = (int8_t *)base;
-#if defined(QG_A16_PLANES)
-    a.x16 = (int8_t *)(base + align64(2 * (size_t)(M * K)));
-#else
-    a.x16 = NULL;
-#endif
-    a.dx = (float *)(base + align64(CODE_BYTES * (size_t)(M * K)));
+    a.x16 = planes ? (int8_t *)(base + codes) : NULL;
+    a.x16_row = M - plane_rows(M);
+    a.dx = (float *)(base + codes + planes);
     a.sx = a.dx + M * (K / GROUP);
     return a;
 }
@@ -427,7 +431,7 @@ int quant_activations(const void *x, int x_bf16, int64_t M, int64_t K, int act_b
     }
     for (int64_t m = 0; m < M; m++) {
         /* one row at a time, as row 0 of a one-row QuantActs pointed at this row's outputs */
-        const QuantActs a = {codes + m * K, x8, NULL, dx + m * (K / GROUP), sx + m * (K / GROUP)};
+        const QuantActs a = {codes + m * K, x8, NULL, 0, dx + m * (K / GROUP), sx + m * (K / GROUP)};
         const void *xm = x_bf16 ? (const void *)((const uint16_t *)x + m * K)
                                 : (const void *)((const float *)x + m * K);
         quantize_one(xm, x_bf16, 0, K, 4, act_bits, &a, row);

@@ -281,7 +281,7 @@ static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t
                 c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
             }
             for (int i = 0; i < MB; i++) {
-                const int8_t *xa = a->x16 + ((m0 + i) * G + g) * 8 * GROUP;
+                const int8_t *xa = a->x16 + ((m0 + i - a->x16_row) * G + g) * 8 * GROUP;
                 const __m256i h0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * p)));
                 const __m256i h1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * (p + 4))));
                 const int8_t *xl = xa + 4 * GROUP;
