@@ -206,7 +206,7 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
     slowed = slowed_users(capacity) if capacity is not None else {}
     focus_slowed = slowed.get(int(points[focus].concurrency or 0))
     if capacity is not None and (is_undecided(diagnosis.bottleneck, facts) or focus_slowed is not None):
-        lighter = decided_lighter_point(focus, points, point_facts, sweep, capacity)
+        lighter = decided_lighter_point(focus, points, point_facts, sweep, capacity, slowed)
         if lighter is not None:
             first = points[focus].label
             focus, facts, diagnosis, passed_over = lighter
@@ -241,12 +241,11 @@ def analyze(path: str | os.PathLike[str], view: str = "inside") -> Analysis:
 
 
 def decided_lighter_point(focus: int, points: list[RunDataset], point_facts: list[Facts], sweep: SweepMeasures | None,
-                          capacity: Capacity) -> tuple[int, Facts, Diagnosis, list[str]] | None:
+                          capacity: Capacity, slowed: dict[int, float]) -> tuple[int, Facts, Diagnosis, list[str]] | None:
     """The heaviest point lighter than ``focus`` whose evidence (with the sweep's and the capacity's) names a limit:
     its index, facts and verdict, and the labels of the points passed over because the host ran the engine slower
-    under them (``engine_slowdown`` at :data:`SLOWED_FACTOR` or more). None when the first point on the way down
-    that is not undecided names no limit (the offered load was the limit there), or no point does."""
-    slowed = slowed_users(capacity)
+    under them (``slowed``: :func:`slowed_users` of ``capacity``). None when the first point on the way down that
+    is not undecided names no limit (the offered load was the limit there), or no point does."""
     passed_over = []
     for i in range(focus - 1, -1, -1):
         if int(points[i].concurrency or 0) in slowed:
