@@ -102,7 +102,7 @@ def weighted_choice(intervals: Sequence[RateInterval]) -> Choose:
 # The share of the nominal tails the saturation interval leaves out. NOTE: the level is the top of a
 # non-decreasing fit, which a lucky last point lifts; the central 95% of its redrawn levels held the true
 # level in 91-95% of simulated searches (a flat plateau and a sharp knee the worst), the central 98% in
-# 95.0-96.6% (four curve shapes, points known within +-5% and +-20%, 500 searches each; 2026-12-07,
+# 95.0-96.6% (four curve shapes, standard errors 2.5% and 10% of each point, 500 searches each; 2026-12-07,
 # docs/concepts.md): so a 95% interval takes the central 98%.
 SATURATION_TAIL_SHARE = 0.4
 

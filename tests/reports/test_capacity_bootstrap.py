@@ -60,8 +60,8 @@ def test_the_interval_covers_a_soft_bend_at_its_stated_rate() -> None:
 
 @pytest.mark.parametrize("shape", ["plateau", "knee"])
 def test_the_saturation_interval_covers_the_true_level_at_its_stated_rate(shape: str) -> None:
-    # The level the curve saturates at, from searches whose points are known within +-10% (95%): the true
-    # curve's level (the mean of its plateau's points) inside the 95% interval in at least 95% of 200 searches.
+    # The level the curve saturates at, from searches whose points have a standard error of 5%: the true curve's
+    # level (the mean of its plateau's points) inside the 95% interval in at least 95% of 200 searches.
     # The two shapes where the plain central 95% of the redrawn levels held it least often (91-92%).
     curve = {u: 100.0 * min(u, 10) / 10 for u in USERS} if shape == "plateau" else \
         {u: 12.0 * u if u <= 8 else 96.0 + 0.1 * (u - 8) for u in USERS}
