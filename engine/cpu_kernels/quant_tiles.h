@@ -199,16 +199,49 @@ static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const Quan
 /* The 8-bit-activation tile: Q4 codes times 8-bit activations (see the top). */
 #if defined(QG_A8_AVX2)
 
+/* Per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3). */
+#define ROWS_TOGETHER _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, \
+                                       0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+
+/* Block p's codes as bytes: c[h][0] codes 4p .. 4p + 3 of half h's rows (the low nibbles), c[h][1] codes
+ * 16 + 4p .. 16 + 4p + 3 (the high ones). */
+static inline __attribute__((always_inline)) void q4_nibbles(const uint8_t *rec, int p, __m256i c[2][2]) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int h = 0; h < 2; h++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+        c[h][0] = _mm256_and_si256(packed, low);
+        c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+}
+
+/* Activation quad b's 16 bytes of an 8-bit-layout group, for both 128-bit lanes. */
+static inline __attribute__((always_inline)) __m256i quad(const int8_t *group, int b) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(group + 16 * b)));
+}
+
+/* One group's Q4_1 sum of one row of half h into its accumulator: acc + d * dx * dot + mn * sx. */
+static inline __attribute__((always_inline)) __m256 q4_group_add(__m256 acc, const uint8_t *rec, int h,
+                                                                __m256i dot, float dx, float sx) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(dot), acc);
+    return _mm256_fmadd_ps(mn, _mm256_set1_ps(sx), acc);
+}
+
+static inline __attribute__((always_inline)) void store_halves(__m256 acc[MBLOCK][2], int MB, float *acc_out) {
+    for (int i = 0; i < MB; i++) {
+        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
+        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
+    }
+}
+
 /* One tile's 16 rows, activation rows m0 .. m0 + MB - 1, into acc_out [MB][16]. Both halves of 8 rows block by
  * block, as the 16-bit AVX2 tile does (one broadcast of each activation quad for the 16 rows; no group of codes
  * kept whole beside the sums): a one-row step's layers 2.72 -> 2.35 ms, four rows 6.11 -> 5.67, eight 10.85 ->
  * 10.37 (fused step on fixed inputs, interleaved builds, 2-core AVX2 EPYC, 2026-12-07). */
 static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *rec, int64_t G, const QuantActs *a,
                                                                int64_t K, int64_t m0, int MB, float *acc_out) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    /* per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3) */
-    const __m256i rows_together = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
-                                                   0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m256i ones = _mm256_set1_epi16(1), rows_together = ROWS_TOGETHER;
     __m256 acc[MBLOCK][2];
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
@@ -218,37 +251,24 @@ static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *re
         __m256i sum[MBLOCK][2];
         for (int i = 0; i < MB; i++) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
-            __m256i c[2][2]; /* c[h][0]: codes 4p .. 4p + 3 of half h's rows, c[h][1]: codes 16 + 4p .. */
-            for (int h = 0; h < 2; h++) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
-                c[h][0] = _mm256_and_si256(packed, low);
-                c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-            }
+            __m256i c[2][2];
+            q4_nibbles(rec, p, c);
             for (int i = 0; i < MB; i++) {
                 const int8_t *xa = a->x8 + (m0 + i) * 4 * K + g * 4 * GROUP;
-                const __m256i x0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * p)));
-                const __m256i x1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * (p + 4))));
+                const __m256i x0 = quad(xa, p), x1 = quad(xa, p + 4);
                 for (int h = 0; h < 2; h++)
                     sum[i][h] = _mm256_add_epi16(sum[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(c[h][0], x0),
                                                                              _mm256_maddubs_epi16(c[h][1], x1)));
             }
         }
-        for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
-            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+        for (int h = 0; h < 2; h++)
             for (int i = 0; i < MB; i++) {
                 const int64_t m = m0 + i;
                 const __m256i dot = _mm256_madd_epi16(_mm256_shuffle_epi8(sum[i][h], rows_together), ones);
-                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
-                acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
-                acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
+                acc[i][h] = q4_group_add(acc[i][h], rec, h, dot, a->dx[m * G + g], a->sx[m * G + g]);
             }
-        }
     }
-    for (int i = 0; i < MB; i++) {
-        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
-        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
-    }
+    store_halves(acc, MB, acc_out);
 }
 
 #if defined(QG_A16_PLANES)
@@ -264,9 +284,7 @@ static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *re
 static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t *rec, int64_t G,
                                                                    const QuantActs *a, int64_t K, int64_t m0,
                                                                    int MB, float *acc_out) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), word = _mm256_set1_epi32(0xffff);
-    const __m256i rows_together = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
-                                                   0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const __m256i ones = _mm256_set1_epi16(1), word = _mm256_set1_epi32(0xffff), rows_together = ROWS_TOGETHER;
     __m256 acc[MBLOCK][2];
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
@@ -275,18 +293,10 @@ static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t
         for (int i = 0; i < MB; i++) hi[i][0] = hi[i][1] = lo[i][0] = lo[i][1] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             __m256i c[2][2];
-            for (int h = 0; h < 2; h++) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
-                c[h][0] = _mm256_and_si256(packed, low);
-                c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-            }
+            q4_nibbles(rec, p, c);
             for (int i = 0; i < MB; i++) {
-                const int8_t *xa = a->x16 + ((m0 + i - a->x16_row) * G + g) * 8 * GROUP;
-                const __m256i h0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * p)));
-                const __m256i h1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xa + 16 * (p + 4))));
-                const int8_t *xl = xa + 4 * GROUP;
-                const __m256i l0 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xl + 16 * p)));
-                const __m256i l1 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xl + 16 * (p + 4))));
+                const int8_t *xa = a->x16 + ((m0 + i - a->x16_row) * G + g) * 8 * GROUP, *xl = xa + 4 * GROUP;
+                const __m256i h0 = quad(xa, p), h1 = quad(xa, p + 4), l0 = quad(xl, p), l1 = quad(xl, p + 4);
                 for (int h = 0; h < 2; h++) {
                     hi[i][h] = _mm256_add_epi16(hi[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(c[h][0], h0),
                                                                            _mm256_maddubs_epi16(c[h][1], h1)));
@@ -295,25 +305,17 @@ static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t
                 }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
-            const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+        for (int h = 0; h < 2; h++)
             for (int i = 0; i < MB; i++) {
                 const int64_t m = m0 + i;
                 const __m256i hs = _mm256_madd_epi16(_mm256_shuffle_epi8(hi[i][h], rows_together), ones);
                 const __m256i ls = _mm256_shuffle_epi8(lo[i][h], rows_together);
                 const __m256i lw = _mm256_add_epi32(_mm256_and_si256(ls, word), _mm256_srli_epi32(ls, 16));
                 const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(hs, 8), lw);
-                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[m * G + g]));
-                acc[i][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i][h]);
-                acc[i][h] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->sx[m * G + g]), acc[i][h]);
+                acc[i][h] = q4_group_add(acc[i][h], rec, h, dot, a->dx[m * G + g], a->sx[m * G + g]);
             }
-        }
     }
-    for (int i = 0; i < MB; i++) {
-        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
-        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
-    }
+    store_halves(acc, MB, acc_out);
 }
 
 #endif
