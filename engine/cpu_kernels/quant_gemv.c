@@ -69,7 +69,7 @@ static inline int omp_team_size(void) { return 1; }
 #define QG_A8_AVX2 1 /* the 8-bit-activation tile in AVX2 (also in the AVX-512 build) */
 #endif
 #if defined(QG_AVX2)
-#define QG_A16_PLANES 1 /* 16-bit activations also as byte planes, for the AVX2 Q4 tile of a few rows */
+#define QG_A16_PLANES 1 /* 16-bit activations also as byte planes, for the AVX2 Q4 tile of one row */
 #endif
 
 #define TILE 16

@@ -111,8 +111,8 @@ def saturation_interval(intervals: Sequence[RateInterval], confidence: float = C
                         num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> dict[str, float]:
     """The saturation throughput (``reports.capacity.saturation``, its points weighted by their precision) of the
     points with throughput ``intervals`` (in order of users) and its ``confidence`` interval: the central share
-    of the same level over their redrawn curves that holds the true level at that rate
-    (``SATURATION_TAIL_SHARE``)."""
+    of the same level over their redrawn curves that holds the true level at that rate (``SATURATION_TAIL_SHARE``,
+    calibrated at 95%)."""
     if not intervals:
         raise ValueError("no points")
     weights = weights_of(intervals)
