@@ -6,28 +6,26 @@
 #ifndef SERVESCOPE_QUANT_ACTS_H
 #define SERVESCOPE_QUANT_ACTS_H
 
-/* A group's largest magnitude and its sum (the step's scale and Q4_1's minimum term). */
-static inline void group_amax_sum(const float *xg, float *amax, float *sum) {
+/* A group's step dx = max|x| / levels and its sum sx (Q4_1's minimum term); returns levels / max|x|, what maps
+ * the group onto its codes (0 for a group of zeros). */
+static inline float group_scale(const float *xg, float levels, float *dx, float *sx) {
     float m = 0.0f, s = 0.0f;
     for (int k = 0; k < GROUP; k++) {
         const float a = fabsf(xg[k]);
         m = a > m ? a : m;
         s += xg[k];
     }
-    *amax = m;
-    *sum = s;
+    *dx = m * (1.0f / levels); /* NOTE: as written: the build's -freciprocal-math would make a division this
+                                * multiplication anyway, the tests' reference does it */
+    *sx = s;
+    return m > 0.0f ? levels / m : 0.0f;
 }
 
 static void quantize_row16(const float *x, int64_t K, int16_t *xq, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
-        float amax, sum;
-        group_amax_sum(xg, &amax, &sum);
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        const float inv = group_scale(xg, 32767.0f, dx + g, sx + g);
         for (int k = 0; k < GROUP; k++) xq[g * GROUP + k] = (int16_t)nearbyintf(xg[k] * inv);
-        dx[g] = amax * (1.0f / 32767.0f); /* NOTE: as written: the build's -freciprocal-math would make a
-                                              * division this multiplication anyway, the tests' reference does it */
-        sx[g] = sum;
     }
 }
 
@@ -38,9 +36,7 @@ static inline int a8_offset(int k) { return 16 * (k / 4) + (k % 4 >= 2 ? 8 : 0) 
 static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
-        float amax, sum;
-        group_amax_sum(xg, &amax, &sum);
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float inv = group_scale(xg, 127.0f, dx + g, sx + g);
         int8_t codes[GROUP];
         for (int k = 0; k < GROUP; k++) codes[k] = (int8_t)nearbyintf(xg[k] * inv);
         int8_t *out = x8 + g * 4 * GROUP;
@@ -51,8 +47,6 @@ static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, floa
                 out[16 * b + 8 + 2 * r] = codes[4 * b + 2];
                 out[16 * b + 8 + 2 * r + 1] = codes[4 * b + 3];
             }
-        dx[g] = amax * (1.0f / 127.0f);
-        sx[g] = sum;
     }
 }
 

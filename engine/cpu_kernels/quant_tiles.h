@@ -5,6 +5,47 @@
 #ifndef SERVESCOPE_QUANT_TILES_H
 #define SERVESCOPE_QUANT_TILES_H
 
+/* Pieces the AVX2 tiles share (the 8-bit tile's also in the AVX-512 build). */
+#if defined(QG_A8_AVX2)
+
+/* Per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3). */
+#define ROWS_TOGETHER _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, \
+                                       0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
+
+/* Block p's codes as bytes: c[h][0] codes 4p .. 4p + 3 of half h's rows (the low nibbles), c[h][1] codes
+ * 16 + 4p .. 16 + 4p + 3 (the high ones). */
+static inline __attribute__((always_inline)) void q4_nibbles(const uint8_t *rec, int p, __m256i c[2][2]) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int h = 0; h < 2; h++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+        c[h][0] = _mm256_and_si256(packed, low);
+        c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+}
+
+/* Activation quad b's 16 bytes of an 8-bit-layout group, for both 128-bit lanes. */
+static inline __attribute__((always_inline)) __m256i quad(const int8_t *group, int b) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(group + 16 * b)));
+}
+
+/* One group's Q4_1 sum of one row of half h into its accumulator: acc + d * dx * dot + mn * sx. */
+static inline __attribute__((always_inline)) __m256 q4_group_add(__m256 acc, const uint8_t *rec, int h,
+                                                                __m256i dot, float dx, float sx) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(dot), acc);
+    return _mm256_fmadd_ps(mn, _mm256_set1_ps(sx), acc);
+}
+
+static inline __attribute__((always_inline)) void store_halves(__m256 acc[MBLOCK][2], int MB, float *acc_out) {
+    for (int i = 0; i < MB; i++) {
+        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
+        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
+    }
+}
+
+#endif
+
 #if defined(QG_AVX512_VNNI)
 
 static inline __m512i bcast_pair(const int16_t *p) {
@@ -96,15 +137,14 @@ static inline __m256i bcast_pair(const int16_t *p) {
  * low and high nibbles of the block's 32 bytes per half are codes 4p .. 4p + 3 and 16 + 4p .. 16 + 4p + 3). */
 static inline __attribute__((always_inline)) void q4_block_dots(const uint8_t *rec, int p, const int16_t *xq,
                                                                 int64_t K, int MB, __m256i dot[MBLOCK][2]) {
-    const __m256i low = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
-    __m256i u[2][4];
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i c[2][2], u[2][4];
+    q4_nibbles(rec, p, c);
     for (int h = 0; h < 2; h++) {
-        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
-        const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        u[h][0] = _mm256_unpacklo_epi8(lo, zero);
-        u[h][1] = _mm256_unpackhi_epi8(lo, zero);
-        u[h][2] = _mm256_unpacklo_epi8(hi, zero);
-        u[h][3] = _mm256_unpackhi_epi8(hi, zero);
+        u[h][0] = _mm256_unpacklo_epi8(c[h][0], zero);
+        u[h][1] = _mm256_unpackhi_epi8(c[h][0], zero);
+        u[h][2] = _mm256_unpacklo_epi8(c[h][1], zero);
+        u[h][3] = _mm256_unpackhi_epi8(c[h][1], zero);
     }
     for (int i = 0; i < MB; i++) {
         const int16_t *x = xq + i * K;
@@ -166,10 +206,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
             }
         }
     }
-    for (int i = 0; i < MB; i++) {
-        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
-        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
-    }
+    store_halves(acc, MB, acc_out);
 }
 
 #else /* plain C */
@@ -198,42 +235,6 @@ static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const Quan
 
 /* The 8-bit-activation tile: Q4 codes times 8-bit activations (see the top). */
 #if defined(QG_A8_AVX2)
-
-/* Per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3). */
-#define ROWS_TOGETHER _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, \
-                                       0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
-
-/* Block p's codes as bytes: c[h][0] codes 4p .. 4p + 3 of half h's rows (the low nibbles), c[h][1] codes
- * 16 + 4p .. 16 + 4p + 3 (the high ones). */
-static inline __attribute__((always_inline)) void q4_nibbles(const uint8_t *rec, int p, __m256i c[2][2]) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    for (int h = 0; h < 2; h++) {
-        const __m256i packed = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
-        c[h][0] = _mm256_and_si256(packed, low);
-        c[h][1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    }
-}
-
-/* Activation quad b's 16 bytes of an 8-bit-layout group, for both 128-bit lanes. */
-static inline __attribute__((always_inline)) __m256i quad(const int8_t *group, int b) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(group + 16 * b)));
-}
-
-/* One group's Q4_1 sum of one row of half h into its accumulator: acc + d * dx * dot + mn * sx. */
-static inline __attribute__((always_inline)) __m256 q4_group_add(__m256 acc, const uint8_t *rec, int h,
-                                                                __m256i dot, float dx, float sx) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
-    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(dot), acc);
-    return _mm256_fmadd_ps(mn, _mm256_set1_ps(sx), acc);
-}
-
-static inline __attribute__((always_inline)) void store_halves(__m256 acc[MBLOCK][2], int MB, float *acc_out) {
-    for (int i = 0; i < MB; i++) {
-        _mm256_storeu_ps(acc_out + i * TILE, acc[i][0]);
-        _mm256_storeu_ps(acc_out + i * TILE + 8, acc[i][1]);
-    }
-}
 
 /* One tile's 16 rows, activation rows m0 .. m0 + MB - 1, into acc_out [MB][16]. Both halves of 8 rows block by
  * block, as the 16-bit AVX2 tile does (one broadcast of each activation quad for the 16 rows; no group of codes
