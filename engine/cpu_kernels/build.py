@@ -17,7 +17,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "paged_decode.c", _HERE / "quant_gemv.c", _HERE / "decode_step.c")
-HEADERS = (_HERE / "kernels.h", _HERE / "quant_acts.h", _HERE / "quant_tiles.h")
+HEADERS = (_HERE / "kernels.h", _HERE / "quant_acts.h", _HERE / "quant_tiles.h", _HERE / "quant_byte_tiles.h")
 # NOTE: not -ffast-math: with -shared, GCC 12 links crtfastmath.o, which flushes denormals for the whole
 # process on load and would change every torch op's numerics. These flags only let reductions vectorize.
 BASE_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math",

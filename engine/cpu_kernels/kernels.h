@@ -47,8 +47,8 @@ static inline __attribute__((always_inline)) float exp_f32(float x) {
 /* Activations of M rows quantized per group of 32: codes, dx [M, G] steps, sx [M, G] = sum(x). The codes are
  * xq [M, K] int16 (16-bit activations) or x8 [M, 4K] int8 (8-bit, in the layout quant_gemv.c's 8-bit tile
  * reads); both point at the same scratch, one call uses one. x16 [M - x16_row, 8K] int8: the 16-bit codes of
- * rows x16_row on again as two byte planes, for the AVX2 build's one-row Q4 tile (quant_gemv.c; NULL in other
- * builds). */
+ * rows x16_row on again as two byte planes, for the AVX2 and AVX-512 VNNI builds' one-row Q4 tile
+ * (quant_gemv.c; NULL in other builds). */
 typedef struct {
     int16_t *xq;
     int8_t *x8;

@@ -29,8 +29,13 @@ static void quantize_row16(const float *x, int64_t K, int16_t *xq, float *dx, fl
     }
 }
 
+#if defined(QG_BYTE_VNNI)
+/* Offset of activation k of a group in its 128 bytes of 8-bit codes: in order, the first 32 bytes. */
+static inline int a8_offset(int k) { return k; }
+#else
 /* Offset of activation k of a group in its 128 bytes of 8-bit codes (the first of its four copies). */
 static inline int a8_offset(int k) { return 16 * (k / 4) + (k % 4 >= 2 ? 8 : 0) + (k % 2); }
+#endif
 
 /* 8-bit codes of one row in the 8-bit tile's layout (4 copies of each code, 128 bytes a group). */
 static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, float *sx) {
@@ -40,6 +45,9 @@ static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, floa
         int8_t codes[GROUP];
         for (int k = 0; k < GROUP; k++) codes[k] = (int8_t)nearbyintf(xg[k] * inv);
         int8_t *out = x8 + g * 4 * GROUP;
+#if defined(QG_BYTE_VNNI)
+        memcpy(out, codes, GROUP);
+#else
         for (int b = 0; b < GROUP / 4; b++)
             for (int r = 0; r < 4; r++) {
                 out[16 * b + 2 * r] = codes[4 * b];
@@ -47,10 +55,22 @@ static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, floa
                 out[16 * b + 8 + 2 * r] = codes[4 * b + 2];
                 out[16 * b + 8 + 2 * r + 1] = codes[4 * b + 3];
             }
+#endif
     }
 }
 
-#if defined(QG_A16_PLANES)
+#if defined(QG_BYTE_VNNI)
+/* A row's 16-bit codes again as two byte planes, 256 bytes a group: hi = xq >> 8 (-128 .. 127) in order in the
+ * first 32 bytes, then lo = xq & 255 (0 .. 255) in order from byte 128, so xq = 256 * hi + lo. */
+static void quantize_planes(const int16_t *xq, int64_t K, int8_t *x16) {
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const __m512i codes = _mm512_loadu_si512(xq + g * GROUP);
+        int8_t *hi = x16 + g * 8 * GROUP, *lo = hi + 4 * GROUP;
+        _mm256_storeu_si256((__m256i *)hi, _mm512_cvtepi16_epi8(_mm512_srai_epi16(codes, 8)));
+        _mm256_storeu_si256((__m256i *)lo, _mm512_cvtepi16_epi8(codes));
+    }
+}
+#elif defined(QG_A16_PLANES)
 /* A row's 16-bit codes again as two byte planes, 256 bytes a group: hi = xq >> 8 (-128 .. 127), then
  * lo = xq & 255 (0 .. 255), so xq = 256 * hi + lo; each plane in the 8-bit tile's layout (a8_offset). The
  * codes' own bytes are (lo, hi) pairs, so each plane of two quads is one byte shuffle of the quads' 16 bytes. */

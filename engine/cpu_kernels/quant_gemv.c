@@ -34,12 +34,14 @@
  * A row's activations are stored 128 bytes a group: per quad b (activations 4b .. 4b + 3) 16 bytes in the
  * weights' pair order, (x[4b], x[4b + 1]) four times, then (x[4b + 2], x[4b + 3]) four times, so that one
  * 16-byte broadcast meets the four rows of a 128-bit lane of nibbles as they lie.
- * NOTE: the 8-bit tile is AVX2 code in the AVX2 and AVX-512 builds (no vpdpbusd version yet), plain C otherwise.
+ * The AVX-512 VNNI build takes vpdpbusd instead (four byte products summed into each 32-bit lane: one per 64
+ * bytes of codes after a byte shuffle puts each row's four codes in one lane) and stores the 8-bit codes in
+ * order, 32 bytes at the start of each group's 128.
  *
- * 16-bit activations of one row on AVX2 (gemm_tile_planes): each code xq is also stored as two byte planes,
- * hi = xq >> 8 and lo = xq & 255 (xq = 256 * hi + lo), each in the 8-bit layout above, and the tile runs the
- * 8-bit tile's vpmaddubsw on both: 16 instructions per row and 64 bytes of weights where widening the codes
- * to 16 bits took 30 (the integer sums, and so the outputs, are the same).
+ * 16-bit activations of one row (gemm_tile_planes, AVX2 and AVX-512 VNNI): each code xq is also stored as two
+ * byte planes, hi = xq >> 8 and lo = xq & 255 (xq = 256 * hi + lo), each in the build's 8-bit layout, and the
+ * tile runs the 8-bit tile's instructions on both: on AVX2 16 per row and 64 bytes of weights where widening
+ * the codes to 16 bits took 30 (the integer sums, and so the outputs, are the same).
  *
  * NOTE: the activations' quantization is the same in every build (the same float operations rounded the same
  * way) and the integer sums are exact, so every build gives the same outputs.
@@ -65,11 +67,13 @@ static inline int omp_team_size(void) { return 1; }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QG_AVX2 1
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define QG_A8_AVX2 1 /* the 8-bit-activation tile in AVX2 (also in the AVX-512 build) */
+#if defined(QG_AVX512_VNNI)
+#define QG_BYTE_VNNI 1 /* the Q4 byte tiles (8-bit activations, 16-bit as byte planes) in AVX-512 vpdpbusd */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QG_A8_AVX2 1 /* the 8-bit-activation tile in AVX2 */
 #endif
-#if defined(QG_AVX2)
-#define QG_A16_PLANES 1 /* 16-bit activations also as byte planes, for the AVX2 Q4 tile of one row */
+#if defined(QG_AVX2) || defined(QG_BYTE_VNNI)
+#define QG_A16_PLANES 1 /* 16-bit activations also as byte planes, for the Q4 tile of few rows */
 #endif
 
 #define TILE 16
@@ -96,9 +100,11 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *
 #else
 #define MBLOCK 4
 #endif
-/* Activation rows up to which the AVX2 build's Q4 tile reads the byte planes (gemm_tile_planes). NOTE: one:
- * with two rows its sums no longer fit AVX2's 16 registers, and a fused step of two or four rows took 1.05x
- * and 1.19x the widening tile's time (2-core AVX2 EPYC, 2026-12-07). */
+/* Activation rows up to which the Q4 tile reads the byte planes (gemm_tile_planes). NOTE: one: on AVX2 with two
+ * rows its sums no longer fit the 16 registers, and a fused step of two or four rows took 1.05x and 1.19x the
+ * widening tile's time (2-core AVX2 EPYC, 2026-12-07); on AVX-512 VNNI a fused step of one row took 0.96-0.97x
+ * the widening vpdpwssd tile's time, of four 1.00x, of eight 1.075x with the planes for every row block
+ * (2-core AVX-512 EPYC, Zen 4, 2026-12-07). */
 #ifndef PLANE_ROWS
 #define PLANE_ROWS 1
 #endif
@@ -160,6 +166,7 @@ static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int
 }
 
 #include "quant_tiles.h"
+#include "quant_byte_tiles.h"
 
 #define TILE_CASE(BITS, ROWS) \
     case ROWS: gemm_tile(rec, BITS, G, acts, K, m0, ROWS, acc); break;
@@ -175,7 +182,8 @@ static inline void store_rows(const float *acc /* [rows][TILE] */, int rows, int
 #if MBLOCK == 8
 #define TILE_CASES(BITS) TILE_CASE(BITS, 8) TILE_CASE(BITS, 7) TILE_CASE(BITS, 6) TILE_CASE(BITS, 5) \
     TILE_CASE(BITS, 4) TILE_CASE(BITS, 3) TILE_CASE(BITS, 2) TILE_CASE(BITS, 1)
-#define TILE_CASES_Q4 TILE_CASES(4)
+#define TILE_CASES_Q4 TILE_CASE_Q4(8) TILE_CASE_Q4(7) TILE_CASE_Q4(6) TILE_CASE_Q4(5) \
+    TILE_CASE_Q4(4) TILE_CASE_Q4(3) TILE_CASE_Q4(2) TILE_CASE_Q4(1)
 #define TILE_CASES_A8 TILE_CASE_A8(8) TILE_CASE_A8(7) TILE_CASE_A8(6) TILE_CASE_A8(5) \
     TILE_CASE_A8(4) TILE_CASE_A8(3) TILE_CASE_A8(2) TILE_CASE_A8(1)
 #else
@@ -207,7 +215,9 @@ static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (
 
 /* Rows of M that the byte-plane tile multiplies: the last row block's, when it has at most PLANE_ROWS rows. */
 static int64_t plane_rows(int64_t M) {
-#if defined(QG_A16_PLANES)
+#if defined(QG_A16_PLANES) && PLANE_ROWS >= MBLOCK
+    return M;
+#elif defined(QG_A16_PLANES)
     return M % MBLOCK <= PLANE_ROWS ? M % MBLOCK : 0;
 #else
     (void)M;

@@ -1,11 +1,11 @@
 /* The tile bodies of quant_gemv.c, one per instruction set, included by it once (they are static inline: each
  * call site there compiles its own unrolled copy). gemm_tile: 16-bit activations, AVX-512 VNNI, AVX2 or plain
- * C; gemm_tile_a8: 8-bit activations, AVX2 or plain C. The layouts and the arithmetic are described at the top
- * of quant_gemv.c, which defines everything used here before including it. */
+ * C (the byte tiles are in quant_byte_tiles.h). The layouts and the arithmetic are described at the top of
+ * quant_gemv.c, which defines everything used here before including it. */
 #ifndef SERVESCOPE_QUANT_TILES_H
 #define SERVESCOPE_QUANT_TILES_H
 
-/* Pieces the AVX2 tiles share (the 8-bit tile's also in the AVX-512 build). */
+/* Pieces the AVX2 tiles share. */
 #if defined(QG_A8_AVX2)
 
 /* Per 128-bit lane: 16-bit lane i (row i, codes 4b, 4b + 1) next to lane 4 + i (row i, codes 4b + 2, 4b + 3). */
@@ -226,117 +226,6 @@ static inline void gemm_tile(const uint8_t *rec, int bits, int64_t G, const Quan
                 float *acc = acc_out + i * TILE + r;
                 *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
                 if (bits == 4) *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
-            }
-        }
-    }
-}
-
-#endif
-
-/* The 8-bit-activation tile: Q4 codes times 8-bit activations (see the top). */
-#if defined(QG_A8_AVX2)
-
-/* One tile's 16 rows, activation rows m0 .. m0 + MB - 1, into acc_out [MB][16]. Both halves of 8 rows block by
- * block, as the 16-bit AVX2 tile does (one broadcast of each activation quad for the 16 rows; no group of codes
- * kept whole beside the sums): a one-row step's layers 2.72 -> 2.35 ms, four rows 6.11 -> 5.67, eight 10.85 ->
- * 10.37 (fused step on fixed inputs, interleaved builds, 2-core AVX2 EPYC, 2026-12-07). */
-static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *rec, int64_t G, const QuantActs *a,
-                                                               int64_t K, int64_t m0, int MB, float *acc_out) {
-    const __m256i ones = _mm256_set1_epi16(1), rows_together = ROWS_TOGETHER;
-    __m256 acc[MBLOCK][2];
-    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
-        /* sum[i][h]: row i's products with half h's codes, pairs summed in int16 (at most 8 x 2 x 15 x 127 =
-         * 30480 over a group in any order: no wrap) */
-        __m256i sum[MBLOCK][2];
-        for (int i = 0; i < MB; i++) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-            __m256i c[2][2];
-            q4_nibbles(rec, p, c);
-            for (int i = 0; i < MB; i++) {
-                const int8_t *xa = a->x8 + (m0 + i) * 4 * K + g * 4 * GROUP;
-                const __m256i x0 = quad(xa, p), x1 = quad(xa, p + 4);
-                for (int h = 0; h < 2; h++)
-                    sum[i][h] = _mm256_add_epi16(sum[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(c[h][0], x0),
-                                                                             _mm256_maddubs_epi16(c[h][1], x1)));
-            }
-        }
-        for (int h = 0; h < 2; h++)
-            for (int i = 0; i < MB; i++) {
-                const int64_t m = m0 + i;
-                const __m256i dot = _mm256_madd_epi16(_mm256_shuffle_epi8(sum[i][h], rows_together), ones);
-                acc[i][h] = q4_group_add(acc[i][h], rec, h, dot, a->dx[m * G + g], a->sx[m * G + g]);
-            }
-    }
-    store_halves(acc, MB, acc_out);
-}
-
-#if defined(QG_A16_PLANES)
-
-/* The Q4 tile with 16-bit activations read as two byte planes (xq = 256 * hi + lo, quantize_planes): the 8-bit
- * tile's arithmetic twice, code * hi (signed) and lo (unsigned) * code, no code widened to 16 bits.
- * Over a group the hi sums stay within int16 (8 x 2 x 15 x 128 = 30720) and the lo sums within uint16
- * (8 x 2 x 255 x 15 = 61200; the adds wrap alike, the sum is read unsigned), so the integer sums are the
- * 16-bit tile's exactly. One-row rate from L2 18.4 GB/s a thread against 16.5 for the widening tile; SmolLM2's
- * layers in a one-row fused step 0.88-0.97x its time (three runs of interleaved builds, and 0.96x at another
- * moment: the gain is largest when the host is slow, where the widening tile bound the step; 2-core AVX2 EPYC,
- * 2026-12-07). */
-static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t *rec, int64_t G,
-                                                                   const QuantActs *a, int64_t K, int64_t m0,
-                                                                   int MB, float *acc_out) {
-    const __m256i ones = _mm256_set1_epi16(1), word = _mm256_set1_epi32(0xffff), rows_together = ROWS_TOGETHER;
-    __m256 acc[MBLOCK][2];
-    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
-        __m256i hi[MBLOCK][2], lo[MBLOCK][2];
-        for (int i = 0; i < MB; i++) hi[i][0] = hi[i][1] = lo[i][0] = lo[i][1] = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-            __m256i c[2][2];
-            q4_nibbles(rec, p, c);
-            for (int i = 0; i < MB; i++) {
-                const int8_t *xa = a->x16 + ((m0 + i - a->x16_row) * G + g) * 8 * GROUP, *xl = xa + 4 * GROUP;
-                const __m256i h0 = quad(xa, p), h1 = quad(xa, p + 4), l0 = quad(xl, p), l1 = quad(xl, p + 4);
-                for (int h = 0; h < 2; h++) {
-                    hi[i][h] = _mm256_add_epi16(hi[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(c[h][0], h0),
-                                                                           _mm256_maddubs_epi16(c[h][1], h1)));
-                    lo[i][h] = _mm256_add_epi16(lo[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(l0, c[h][0]),
-                                                                           _mm256_maddubs_epi16(l1, c[h][1])));
-                }
-            }
-        }
-        for (int h = 0; h < 2; h++)
-            for (int i = 0; i < MB; i++) {
-                const int64_t m = m0 + i;
-                const __m256i hs = _mm256_madd_epi16(_mm256_shuffle_epi8(hi[i][h], rows_together), ones);
-                const __m256i ls = _mm256_shuffle_epi8(lo[i][h], rows_together);
-                const __m256i lw = _mm256_add_epi32(_mm256_and_si256(ls, word), _mm256_srli_epi32(ls, 16));
-                const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(hs, 8), lw);
-                acc[i][h] = q4_group_add(acc[i][h], rec, h, dot, a->dx[m * G + g], a->sx[m * G + g]);
-            }
-    }
-    store_halves(acc, MB, acc_out);
-}
-
-#endif
-
-#else /* plain C */
-
-static inline void gemm_tile_a8(const uint8_t *rec, int64_t G, const QuantActs *a, int64_t K, int64_t m0, int MB,
-                                float *acc_out) {
-    for (int i = 0; i < MB * TILE; i++) acc_out[i] = 0.0f;
-    for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        const uint16_t *dh = (const uint16_t *)(rec + 256), *mh = (const uint16_t *)(rec + 288);
-        for (int i = 0; i < MB; i++) {
-            const int64_t m = m0 + i;
-            const int8_t *xa = a->x8 + m * 4 * K + g * 4 * GROUP;
-            for (int r = 0; r < TILE; r++) {
-                int32_t dot = 0;
-                for (int k = 0; k < GROUP; k++) dot += code_at(rec, 4, r, k) * xa[a8_offset(k)];
-                float *acc = acc_out + i * TILE + r;
-                *acc = fmaf(f16_to_f32(dh[r]) * a->dx[m * G + g], (float)dot, *acc);
-                *acc = fmaf(f16_to_f32(mh[r]), a->sx[m * G + g], *acc);
             }
         }
     }
