@@ -33,9 +33,10 @@ ENV_BINARY = "SERVESCOPE_LLAMA_SERVER"
 CMAKE_FLAGS = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON",
                "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_BF16=OFF",
                "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
-# ggml's option for each AVX-512 extension, by the /proc/cpuinfo flag that says the CPU has it. An AVX-512 build
-# stops with an illegal instruction on an AVX2-only CPU, so each is on only where the CPU has it.
-AVX512_OPTIONS = {"avx512f": "GGML_AVX512", "avx512_vnni": "GGML_AVX512_VNNI", "avx512_vbmi": "GGML_AVX512_VBMI",
+# ggml's option for each AVX-512 extension, by the /proc/cpuinfo flag that says the CPU has it (spelled as the
+# kernel spells it: "avx512vbmi" but "avx512_vnni"). An AVX-512 build stops with an illegal instruction on an
+# AVX2-only CPU, so each is on only where the CPU has it.
+AVX512_OPTIONS = {"avx512f": "GGML_AVX512", "avx512_vnni": "GGML_AVX512_VNNI", "avx512vbmi": "GGML_AVX512_VBMI",
                   "avx512_bf16": "GGML_AVX512_BF16"}
 BUILD_TIMEOUT_S = 3600
 FLAGS_FILE = "servescope-cmake-flags.txt"  # in the build tree: the flags it was made with
