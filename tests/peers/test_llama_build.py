@@ -13,8 +13,8 @@ AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512vbmi",
                  "avx512_bf16"}
 # The vector flags of a 2-core AMD EPYC (Zen 4) as its /proc/cpuinfo wrote them (2026-12-07).
-ZEN4 = set("fma avx f16c avx2 avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi "
-           "avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq".split())
+ZEN4 = {"fma", "avx", "f16c", "avx2", "avx512f", "avx512dq", "avx512ifma", "avx512cd", "avx512bw", "avx512vl",
+        "avx512_bf16", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq"}
 
 
 def test_the_cmake_line_turns_on_only_the_avx512_extensions_the_cpu_has() -> None:
