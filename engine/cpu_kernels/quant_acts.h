@@ -1,8 +1,8 @@
 /* The activations' quantization of quant_gemv.c, included by it once: one row of float32 (or bfloat16, via
- * float32) into 16-bit codes (and, in the AVX2 build, their byte planes) or 8-bit codes in the 8-bit tile's
- * layout, with each group's step dx and sum sx. The layouts are described at the top of quant_gemv.c, which
- * defines everything used here before including it. The same float operations in every build, so every build
- * rounds the activations alike. */
+ * float32) into 16-bit codes (and, in the AVX2 and AVX-512 VNNI builds, their byte planes) or 8-bit codes in
+ * the 8-bit tile's layout, with each group's step dx and sum sx. The layouts are described at the top of
+ * quant_gemv.c, which defines everything used here before including it. The same float operations in every
+ * build, so every build rounds the activations alike. */
 #ifndef SERVESCOPE_QUANT_ACTS_H
 #define SERVESCOPE_QUANT_ACTS_H
 
@@ -37,7 +37,8 @@ static inline int a8_offset(int k) { return k; }
 static inline int a8_offset(int k) { return 16 * (k / 4) + (k % 4 >= 2 ? 8 : 0) + (k % 2); }
 #endif
 
-/* 8-bit codes of one row in the 8-bit tile's layout (4 copies of each code, 128 bytes a group). */
+/* 8-bit codes of one row in the 8-bit tile's layout, 128 bytes a group: in order (AVX-512 VNNI), or 4 copies of
+ * each code in the weights' pair order (AVX2 and C). */
 static void quantize_row8(const float *x, int64_t K, int8_t *x8, float *dx, float *sx) {
     for (int64_t g = 0; g < K / GROUP; g++) {
         const float *xg = x + g * GROUP;
