@@ -150,9 +150,14 @@ def test_sweep_writes_every_point_into_one_directory(tmp_path, dummy_server: Ser
     assert not (out / "users-1" / "execution_reference.json").exists()  # timed at the heaviest point only
     assert reference["model"] == "dummy:tiny" and set(reference["step_s"]) == {"optimized", "target"}
     assert reference["step_s"]["target"] > 0 and reference["batch"] >= 1 and "HTTP" in reference["method"]
-    # The target is servescope serve itself: the same serving work on both sides, so no execution lever.
+    # The rule reads the share of the target's step that servescope's would remove, from that reference.
+    # NOTE: not whether it passed: the target here is the session's shared server (eager, the optimized path
+    # within about 30% of it), and a clean-clone run once timed it at 2.4x servescope serve after the earlier
+    # tests' loads; the rule's verdict on a slowed target is test_a_target_with_host_work_per_step_...'s.
     outside = next(e for e in diagnosis["evidence"] if e["name"] == "slower_than_optimized")
-    assert outside["value"] is not None and outside["passed"] is False, outside
+    steps = reference["step_s"]
+    assert outside["value"] == pytest.approx(1.0 - steps["optimized"] / steps["target"]), outside
+    assert outside["passed"] is (outside["value"] >= outside["threshold"]), outside
 
 
 @pytest.mark.slow
