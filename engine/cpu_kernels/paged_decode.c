@@ -180,14 +180,17 @@ void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *
 #ifndef AHEAD_BLOCKS
 #define AHEAD_BLOCKS 2
 #endif
-/* Ask the L2 cache for one head's rows of a block: bs rows of `bytes`, `row` elements apart. */
-#define prefetch_head_rows(BASE, BS, ROW, BYTES)                                                            \
-    do {                                                                                                   \
-        const char *p_ = (const char *)(BASE);                                                             \
-        const int64_t step_ = (ROW) * (int64_t)sizeof(*(BASE));                                            \
-        for (int64_t r_ = 0; r_ < (BS); r_++)                                                              \
-            for (int64_t b_ = 0; b_ < (BYTES); b_ += 64) __builtin_prefetch(p_ + r_ * step_ + b_, 0, 2);   \
-    } while (0)
+/* Ask the L2 cache for one head's rows in `blocks` blocks from token `from` (block-aligned), none at or past token
+ * `end`: `head` bytes of each of a block's bs rows, rows `row` bytes apart, blocks `block` bytes apart in the pool
+ * at `base`. */
+static inline void prefetch_head_blocks(const void *base, const int64_t *table, int64_t from, int64_t blocks,
+                                        int64_t end, int64_t bs, int64_t block, int64_t row, int64_t head) {
+    for (int64_t t = from; t < end && t < from + blocks * bs; t += bs) {
+        const char *p = (const char *)base + table[t / bs] * block;
+        for (int64_t r = 0; r < bs; r++)
+            for (int64_t b = 0; b < head; b += 64) __builtin_prefetch(p + r * row + b, 0, 2);
+    }
+}
 
 /* One head over tokens [t0, t1) of one sequence (t0 starts a block; `table` is that sequence's block table, kc
  * and vc already offset to the head's KV head): its scaled scores into s, and its weighted values (the weights
@@ -197,24 +200,22 @@ void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *
 static inline void scores_span_##SUFFIX(const float *qh, const T *kc, const int64_t *table, int64_t t0,    \
                                         int64_t t1, int64_t bs, int64_t block_stride, int64_t row, int64_t D,\
                                         float scale, float *s) {                                           \
-    for (int64_t t = t0; t < t1 && t < t0 + AHEAD_BLOCKS * bs; t += bs)                                    \
-        prefetch_head_rows(kc + table[t / bs] * block_stride, bs, row, D * (int64_t)sizeof(T));           \
+    const int64_t sz = (int64_t)sizeof(T);                                                                 \
+    prefetch_head_blocks(kc, table, t0, AHEAD_BLOCKS, t1, bs, block_stride * sz, row * sz, D * sz);          \
     for (int64_t t = t0; t < t1; t += bs) {                                                                \
         const T *k = kc + table[t / bs] * block_stride;                                                    \
         const int64_t n = t1 - t < bs ? t1 - t : bs;                                                       \
-        if (t + AHEAD_BLOCKS * bs < t1)                                                                    \
-            prefetch_head_rows(kc + table[t / bs + AHEAD_BLOCKS] * block_stride, bs, row, D * (int64_t)sizeof(T));\
+        prefetch_head_blocks(kc, table, t + AHEAD_BLOCKS * bs, 1, t1, bs, block_stride * sz, row * sz, D * sz);\
         for (int64_t j = 0; j < n; j++) s[t + j] = ROUND(dot_##SUFFIX(qh, k + j * row, D)) * scale;        \
     }                                                                                                      \
 }                                                                                                          \
 static inline void values_span_##SUFFIX(float *acc, const float *s, const T *vc, const int64_t *table,     \
                                         int64_t t0, int64_t t1, int64_t bs, int64_t block_stride, int64_t row,\
                                         int64_t D) {                                                       \
-    for (int64_t t = t0; t < t1 && t < t0 + AHEAD_BLOCKS * bs; t += bs)                                    \
-        prefetch_head_rows(vc + table[t / bs] * block_stride, bs, row, D * (int64_t)sizeof(T));           \
+    const int64_t sz = (int64_t)sizeof(T);                                                                 \
+    prefetch_head_blocks(vc, table, t0, AHEAD_BLOCKS, t1, bs, block_stride * sz, row * sz, D * sz);          \
     for (int64_t t = t0; t < t1; t += bs) {                                                                \
-        if (t + AHEAD_BLOCKS * bs < t1)                                                                    \
-            prefetch_head_rows(vc + table[t / bs + AHEAD_BLOCKS] * block_stride, bs, row, D * (int64_t)sizeof(T));\
+        prefetch_head_blocks(vc, table, t + AHEAD_BLOCKS * bs, 1, t1, bs, block_stride * sz, row * sz, D * sz);\
         weighted_rows_##SUFFIX(acc, s + t, vc + table[t / bs] * block_stride, row, t1 - t < bs ? t1 - t : bs, D);\
     }                                                                                                      \
 }                                                                                                          \

@@ -20,13 +20,6 @@ static inline __attribute__((always_inline)) void q4_row_codes(const uint8_t *re
     c[1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
 }
 
-/* Four activation bytes broadcast to every lane. */
-static inline __attribute__((always_inline)) __m512i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* One group's Q4_1 sum of one row into its accumulator: acc + d * dx * dot + mn * sx. */
 static inline __attribute__((always_inline)) __m512 q4_group_add(__m512 acc, const uint8_t *rec, __m512i dot,
                                                                 float dx, float sx) {

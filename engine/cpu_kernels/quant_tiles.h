@@ -48,7 +48,8 @@ static inline __attribute__((always_inline)) void store_halves(__m256 acc[MBLOCK
 
 #if defined(QG_AVX512_VNNI)
 
-static inline __m512i bcast_pair(const int16_t *p) {
+/* The four bytes at p (a pair of 16-bit codes, or four 8-bit ones) in every 32-bit lane. */
+static inline __attribute__((always_inline)) __m512i bcast4(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
@@ -80,8 +81,8 @@ static inline __attribute__((always_inline)) void q8_widen(const uint8_t *rec, _
 static inline __attribute__((always_inline)) __m512i dot16(const __m512i u[16], const int16_t *xq) {
     __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
     for (int j = 0; j < 16; j += 2) {
-        a = _mm512_dpwssd_epi32(a, u[j], bcast_pair(xq + 2 * j));
-        b = _mm512_dpwssd_epi32(b, u[j + 1], bcast_pair(xq + 2 * j + 2));
+        a = _mm512_dpwssd_epi32(a, u[j], bcast4(xq + 2 * j));
+        b = _mm512_dpwssd_epi32(b, u[j + 1], bcast4(xq + 2 * j + 2));
     }
     return _mm512_add_epi32(a, b);
 }
