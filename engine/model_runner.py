@@ -11,6 +11,7 @@ import torch
 
 from engine.attention import AttentionMetadata, GatherWorkspace, TorchAttentionBackend
 from engine.config import EngineConfig
+from engine.cpu_kernels.decode_step import DecodeRows
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.llama import KVCache, LlamaForCausalLM
 from engine.model.ops import TORCH_OPS, ModelOps, triton_ops
@@ -239,11 +240,50 @@ class ModelRunner:
             sampled_request_ids=sampled_ids,
         )
 
+    def decode_rows(self, out: SchedulerOutput) -> DecodeRows | None:
+        """The step as the fused C step reads it, when there is one and every scheduled request decodes and samples
+        one token; else None (the general path, :meth:`prepare_inputs`)."""
+        if self.fused_decode is None or not out.scheduled:
+            return None
+        block_size = self.config.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        for item in out.scheduled:
+            if item.num_new_tokens != 1 or not item.samples_token:
+                return None
+            request, at = item.request, item.start
+            ids.append(request.all_token_ids[at])
+            positions.append(at)
+            slots.append(request.block_ids[at // block_size] * block_size + at % block_size)
+            tables.append(request.block_ids)
+        return DecodeRows.build(ids, positions, slots, [p + 1 for p in positions], tables)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
-        inputs = self.prepare_inputs(out)
-        t1 = time.perf_counter()
+        rows = self.decode_rows(out)
+        if rows is not None:
+            assert self.fused_decode is not None
+            ids = [item.request.request_id for item in out.scheduled]
+            t1 = time.perf_counter()
+            logits = self.fused_decode.logits(rows)
+        else:
+            inputs = self.prepare_inputs(out)
+            ids = inputs.sampled_request_ids
+            t1 = time.perf_counter()
+            logits = self._forward(inputs)
+        t2 = time.perf_counter()
+        sampling = [item.request for item in out.scheduled if item.samples_token]
+        sampled = self.sampler.sample(logits, ids, [r.sampling_params for r in sampling],
+                                      [r.num_output_tokens for r in sampling])
+        t3 = time.perf_counter()
+        logprobs = {rid: lp for rid, lp in zip(ids, sampled.logprobs, strict=True) if lp is not None}
+        return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)), t1 - t0, t2 - t1, t3 - t2, logprobs)
+
+    def _forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """The sampled rows' float32 logits on the host: a decode graph, the fused step or the model's forward."""
         if self.decode_graphs is not None and not inputs.meta.prefill_ids \
                 and self.decode_graphs.can_run(inputs.meta.num_seqs):
             hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
@@ -254,13 +294,5 @@ class ModelRunner:
         # NOTE: as many sampled rows as rows means every row, in order (each sequence's last row is sampled)
         every_row = inputs.logits_indices.shape[0] == inputs.input_ids.shape[0]
         sampled_rows = hidden if every_row else hidden.index_select(0, inputs.logits_indices)
-        logits = self.model.compute_logits(sampled_rows).cpu()
         # NOTE: .cpu() waits for the device, so forward_s covers the kernels, not just their launch.
-        t2 = time.perf_counter()
-        sampling = [item.request for item in out.scheduled if item.samples_token]
-        sampled = self.sampler.sample(logits, inputs.sampled_request_ids, [r.sampling_params for r in sampling],
-                                      [r.num_output_tokens for r in sampling])
-        t3 = time.perf_counter()
-        ids = inputs.sampled_request_ids
-        logprobs = {rid: lp for rid, lp in zip(ids, sampled.logprobs, strict=True) if lp is not None}
-        return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)), t1 - t0, t2 - t1, t3 - t2, logprobs)
+        return self.model.compute_logits(sampled_rows).cpu()

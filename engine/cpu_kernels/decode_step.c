@@ -31,6 +31,10 @@ typedef struct {
     const void *final_norm;                                              /* [hidden] */
     void *const *k_cache, *const *v_cache; /* [num_layers] [blocks, block_size, KVH, D] */
     const float *cos, *sin;                /* [positions, D / 2] float32 */
+    const void *embed;                     /* [vocab, hidden]: the token embeddings */
+    const uint8_t *head;                   /* the packed LM head [vocab, hidden]; NULL: the step stops at hidden */
+    int64_t vocab;
+    int32_t head_bits, head_act_bits;      /* the head's code and activation widths (quant_gemv.c) */
 } DecodeModel;
 
 ALWAYS_INLINE float ld(const void *p, int64_t i, int bf) {
@@ -133,16 +137,35 @@ static char *carve(char **p, size_t bytes) {
     return at;
 }
 
-/* One decode step for M sequences. residual [M, hidden]: in, the tokens' embeddings; out, the last residual.
- * hidden [M, hidden]: out, the final norm's output (the LM head's input). positions, slots [M]; tables
- * [M, table_stride]; seq_lens [M] (context including this token). Returns 0, or -1 when out of memory. */
-int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, const int64_t *slots,
-                const int64_t *tables, int64_t table_stride, const int64_t *seq_lens, void *residual,
-                void *hidden, int num_threads) {
+/* The LM head over the final norm's output, into float32 logits [M, vocab] rounded as the model's dtype
+ * rounds them (the per-op path's head writes that dtype and the sampler widens it). */
+static void head_logits(const DecodeModel *md, int64_t M, const void *hidden, float *logits, const QuantActs *acts,
+                        float *rows) {
+    quant_gemm_team(hidden, md->is_bf16, M, md->hidden, md->head, md->head_bits, md->head_act_bits, md->vocab,
+                    logits, 0, acts, rows);
+    if (md->is_bf16) {
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * md->vocab; i++) logits[i] = rnd(logits[i], 1);
+    }
+}
+
+/* One decode step for M sequences. input_ids [M] (each below vocab), positions, slots [M]; tables
+ * [M, table_stride]; seq_lens [M] (context including this token). residual [M, hidden]: scratch, out the last
+ * residual. hidden [M, hidden]: out, the final norm's output (the LM head's input). logits [M, vocab]: out, the
+ * head's float32 logits, when both it and md->head are given. Returns 0, -1 when out of memory, -2 for a token
+ * id outside the vocabulary. */
+int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, const int64_t *positions,
+                const int64_t *slots, const int64_t *tables, int64_t table_stride, const int64_t *seq_lens,
+                void *residual, void *hidden, float *logits, int num_threads) {
     if (M <= 0) return 0;
     if (num_threads < 1) num_threads = 1;
     const int bf = md->is_bf16;
     const size_t elem = bf ? 2 : 4;
+    for (int64_t m = 0; m < M; m++) {
+        if (input_ids[m] < 0 || input_ids[m] >= md->vocab) return -2;
+        memcpy((char *)residual + (size_t)(m * md->hidden) * elem,
+               (const char *)md->embed + (size_t)(input_ids[m] * md->hidden) * elem, (size_t)md->hidden * elem);
+    }
     const int64_t H = md->num_heads, KVH = md->num_kv_heads, D = md->head_dim, I = md->intermediate;
     const int64_t n = md->hidden, width = (H + 2 * KVH) * D, chunk = 4 * md->block_size;
     int64_t max_len, num_items;
@@ -204,6 +227,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *positions, cons
             const void *next = l + 1 < md->num_layers ? md->input_norm[l + 1] : md->final_norm;
             add_rms_norm_rows(md, M, tmp, residual, hidden, next);
         }
+        if (logits && md->head) head_logits(md, M, hidden, logits, &acts_n, rows_n);
     }
     return 0;
 }

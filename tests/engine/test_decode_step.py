@@ -116,3 +116,56 @@ def test_the_dense_copy_is_kept_by_default_only_where_bfloat16_gemms_are_native(
         assert bf16.dense is None
     assert down(_llm("float32")).dense is None
     assert down(_llm("bfloat16", int4_dense_rows=100_000)).dense is None  # beyond the token budget: no copy
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_steps_own_head_gives_the_logits_compute_logits_gives(dtype: str) -> None:
+    llm = _llm(dtype)
+    runner = llm.engine.runner
+    execute = runner.execute
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def both_ways(out):  # noqa: ANN001, ANN202
+        rows = runner.decode_rows(out)
+        if rows is not None and not seen and rows.num_rows == len(PROMPTS):
+            inputs = runner.prepare_inputs(out)
+            with torch.inference_mode():
+                # NOTE: both write this step's K/V into the same cache slots, with the same values
+                apart = runner.model.compute_logits(runner.fused_decode.run(inputs.input_ids, inputs.positions,
+                                                                            inputs.meta))
+            seen.append((runner.fused_decode.logits(rows).clone(), apart))
+        return execute(out)
+
+    runner.execute = both_ways
+    llm.generate(PROMPTS, SamplingParams(max_tokens=3, ignore_eos=True))
+    assert seen, "no step decoded every prompt at once"
+    fused, apart = seen[0]
+    assert fused.dtype == torch.float32 and fused.shape == (len(PROMPTS), runner.model_config.vocab_size)
+    assert torch.equal(fused, apart)  # the same C GEMM over the same hidden states, rounded to the dtype alike
+
+
+def test_a_token_outside_the_vocabulary_is_refused_before_the_step() -> None:
+    from engine.cpu_kernels.decode_step import DecodeRows
+
+    runner = _llm("float32").engine.runner
+    vocab = runner.model_config.vocab_size
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        runner.fused_decode.logits(DecodeRows.build([vocab], [0], [0], [1], [[0]]))
+    assert runner.fused_decode.logits(DecodeRows.build([vocab - 1], [0], [0], [1], [[0]])).shape == (1, vocab)
+
+
+def test_only_steps_where_every_request_decodes_and_samples_take_the_rows() -> None:
+    llm = _llm("float32")
+    runner = llm.engine.runner
+    kinds: list[bool] = []
+    decode_rows = runner.decode_rows
+
+    def record(out):  # noqa: ANN001, ANN202
+        rows = decode_rows(out)
+        kinds.append(rows is not None)
+        assert (rows is not None) == all(i.num_new_tokens == 1 and i.samples_token for i in out.scheduled)
+        return rows
+
+    runner.decode_rows = record
+    llm.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert True in kinds and False in kinds  # prompt steps took the general path, decode steps the rows
