@@ -26,6 +26,7 @@ from engine.weights import LoadedModel
 if TYPE_CHECKING:
     from engine.cpu_kernels import CpuKernels
     from engine.cpu_kernels.decode_step import FusedDecodeStep
+    from engine.cpu_kernels.huge_pages import HugePageArena
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class ModelRunner:
         self.ops = self._model_ops()
         self.attention_backend = self.ops.attention
         self.model = LlamaForCausalLM(loaded.config, self._model_weights(loaded), self.ops).eval()
+        self.weight_arena = self._weights_onto_huge_pages()
         self.kv_caches = self._allocate_kv_cache()
         # NOTE: eager keeps the plain framework's per-call allocations; that difference is one of the levers.
         self.gather_workspace = GatherWorkspace() if config.execution == "optimized" else None
@@ -79,6 +81,14 @@ class ModelRunner:
                               device=self.device)
         graphs.capture()
         return graphs
+
+    def _weights_onto_huge_pages(self) -> HugePageArena | None:
+        """On the optimized CPU path, the C kernel's packed weights moved onto huge pages (a decode step streams them)."""
+        if self.config.execution != "optimized" or self.device.type != "cpu":
+            return None
+        from engine.cpu_kernels.huge_pages import kernel_projections, move_onto_huge_pages
+
+        return move_onto_huge_pages(kernel_projections(self.model))
 
     def _fused_decode(self) -> FusedDecodeStep | None:
         """On the optimized CPU path with int4 kernel weights: all-decode steps in one C call."""
