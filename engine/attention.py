@@ -41,6 +41,12 @@ class GatherWorkspace:
         return keys, values
 
 
+def padded_tables(block_tables: list[list[int]]) -> tuple[list[int], int]:
+    """Block tables flattened row by row, each padded with 0 to the longest (at least 1): ``(values, width)``."""
+    width = max((len(t) for t in block_tables), default=1) or 1
+    return [value for blocks in block_tables for value in (*blocks, *[0] * (width - len(blocks)))], width
+
+
 @dataclass(slots=True)
 class AttentionMetadata:
     """Where each sequence's tokens sit in the flat batch and in the paged cache.
@@ -79,8 +85,7 @@ class AttentionMetadata:
         for n in query_lens:
             starts.append(starts[-1] + n)
         num_seqs, num_slots = len(seq_lens), len(slot_mapping)
-        width = max((len(t) for t in block_tables), default=1) or 1
-        padded = [value for blocks in block_tables for value in (*blocks, *[0] * (width - len(blocks)))]
+        padded, width = padded_tables(block_tables)
         longs = torch.tensor(slot_mapping + seq_lens + padded, dtype=torch.int64).to(device, non_blocking=True)
         ints = torch.tensor(seq_lens + starts, dtype=torch.int32).to(device, non_blocking=True)
         table = longs[num_slots + num_seqs:].view(num_seqs, width)

@@ -152,16 +152,17 @@ def _copy_bandwidth(torch: Any, timer: _Timer, dev: Any, dtype: str, copy_mib: i
     """Bytes read + written per second by one large copy in ``dtype``."""
     torch_dtype = _torch_dtype(torch, dtype)
     num_elements = copy_mib * 2**20 // torch_dtype.itemsize
-    src = torch.ones(num_elements, dtype=torch_dtype, device=dev)
-    dst = torch.empty_like(src)
-    arenas = []
     if dev.type == "cpu":
         # NOTE: on huge pages, as the engine keeps the weights a decode step streams: on the heap's 4 KiB pages
         # the same copy ran 1.13x slower (2-core EPYC, 2026-12-07), a roof below what the machine gives.
         from engine.cpu_kernels.huge_pages import HugePageArena
 
-        arenas = [HugePageArena(src.numel() * src.element_size()) for _ in range(2)]
-        src, dst = (arena.take(t) for arena, t in zip(arenas, (src, dst), strict=True))
+        nbytes = num_elements * torch_dtype.itemsize
+        src = HugePageArena(nbytes).empty((num_elements,), torch_dtype).fill_(1)
+        dst = HugePageArena(nbytes).empty((num_elements,), torch_dtype)
+    else:
+        src = torch.ones(num_elements, dtype=torch_dtype, device=dev)
+        dst = torch.empty_like(src)
     seconds = timer.best(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / seconds
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, padded_tables
 from engine.model.kernel_projection import KernelQuantProjection
 
 if TYPE_CHECKING:
@@ -52,8 +52,7 @@ class DecodeRows:
     @classmethod
     def build(cls, token_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
               tables: list[list[int]]) -> DecodeRows:
-        width = max(len(t) for t in tables) or 1
-        padded = [value for blocks in tables for value in (*blocks, *[0] * (width - len(blocks)))]
+        padded, width = padded_tables(tables)
         longs = torch.tensor(token_ids + positions + slots + seq_lens + padded, dtype=torch.int64)
         return cls(longs, len(token_ids), width)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import mmap
 import re
 from typing import TYPE_CHECKING
@@ -36,25 +37,28 @@ class HugePageArena:
     cache-line aligned slices. The slices are views of it: the arena lives as long as any of them."""
 
     def __init__(self, nbytes: int) -> None:
-        self._map = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.advised = hasattr(mmap, "MADV_HUGEPAGE")
-        if self.advised:
-            self._map.madvise(mmap.MADV_HUGEPAGE)
-        whole = torch.frombuffer(self._map, dtype=torch.uint8)
+        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        # NOTE: the tensor holds the mapping's buffer, so the mapping stays as long as any view of it
+        whole = torch.frombuffer(mapping, dtype=torch.uint8)
         start = -whole.data_ptr() % HUGE_PAGE  # the first huge page boundary inside the mapping
         self._bytes = whole[start:start + nbytes]
         self._used = 0
 
-    def take(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of contiguous CPU ``tensor`` in the arena's next free bytes (a view of the same shape and dtype)."""
-        nbytes = tensor.numel() * tensor.element_size()
+    def empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized tensor in the arena's next free bytes (never touched before: zero)."""
+        nbytes = math.prod(shape) * dtype.itemsize
         end = self._used + nbytes
         if end > self._bytes.numel():
             raise ValueError(f"the arena has {self._bytes.numel() - self._used} bytes left, not {nbytes}")
-        view = self._bytes[self._used:end].view(tensor.dtype).view(tensor.shape)
-        view.copy_(tensor)
+        view = self._bytes[self._used:end].view(dtype).view(shape)
         self._used = -(-end // _ALIGN) * _ALIGN
         return view
+
+    def take(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of contiguous CPU ``tensor`` in the arena's next free bytes (a view of the same shape and dtype)."""
+        return self.empty(tensor.shape, tensor.dtype).copy_(tensor)
 
     @property
     def nbytes(self) -> int:
@@ -91,6 +95,6 @@ def move_onto_huge_pages(projections: list[KernelQuantProjection]) -> HugePageAr
     arena = HugePageArena(sum(-(-p.packed.nbytes // _ALIGN) * _ALIGN for p in projections))
     for projection in projections:
         projection.packed = dataclasses.replace(projection.packed, data=arena.take(projection.packed.data))
-    huge = arena.huge_bytes()
-    logger.info("packed weights: %.1f of %.1f MB on huge pages", huge / 1e6, arena.nbytes / 1e6)
+    if logger.isEnabledFor(logging.INFO):  # reading /proc/self/smaps costs a start-up milliseconds for a log line
+        logger.info("packed weights: %.1f of %.1f MB on huge pages", arena.huge_bytes() / 1e6, arena.nbytes / 1e6)
     return arena
