@@ -36,7 +36,7 @@ static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *re
     __m512 acc[MBLOCK];
     for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
+        prefetch_ahead(rec, Q4_RECORD, MB);
         __m512i lo[MBLOCK], hi[MBLOCK];
         for (int i = 0; i < MB; i++) lo[i] = hi[i] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {
@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t
     __m512 acc[MBLOCK];
     for (int i = 0; i < MB; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
+        prefetch_ahead(rec, Q4_RECORD, MB);
         __m512i hi[MBLOCK], lo[MBLOCK];
         for (int i = 0; i < MB; i++) hi[i] = lo[i] = _mm512_setzero_si512();
         for (int p = 0; p < 4; p++) {
@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void gemm_tile_a8(const uint8_t *re
     __m256 acc[MBLOCK][2];
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
+        prefetch_ahead(rec, Q4_RECORD, MB);
         /* sum[i][h]: row i's products with half h's codes, pairs summed in int16 (at most 8 x 2 x 15 x 127 =
          * 30480 over a group in any order: no wrap) */
         __m256i sum[MBLOCK][2];
@@ -143,7 +143,7 @@ static inline __attribute__((always_inline)) void gemm_tile_planes(const uint8_t
     __m256 acc[MBLOCK][2];
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, rec += Q4_RECORD) {
-        prefetch_ahead(rec, Q4_RECORD);
+        prefetch_ahead(rec, Q4_RECORD, MB);
         __m256i hi[MBLOCK][2], lo[MBLOCK][2];
         for (int i = 0; i < MB; i++) hi[i][0] = hi[i][1] = lo[i][0] = lo[i][1] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {

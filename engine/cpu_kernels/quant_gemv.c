@@ -90,7 +90,24 @@ static inline int omp_team_size(void) { return 1; }
 #define PREFETCH_BYTES 2048
 #endif
 
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *rec, int bytes) {
+/* Activation rows from which a tile asks for its records ahead (below it leaves them to the hardware prefetcher).
+ * NOTE: on AVX-512 (Zen 4) a one-row tile is faster without the hints, a tile of several rows slower. A fused
+ * step without them: one row 0.85-0.89x on one thread, 0.91-1.00x on two (weights on huge pages; 0.88x and 0.96x
+ * on 4 KiB pages), eight rows 1.12-1.25x; with them from two rows on, two and eight rows 0.99-1.02x (a16, a8,
+ * bf16; interleaved builds, 2026-12-08). There the hardware prefetcher keeps up with a one-row stream and the
+ * hints only take load slots; eight rows read slowly enough that it falls behind. On the AVX2 EPYC the hints
+ * paid at one row (above). Intel's AVX-512 not measured. */
+#ifndef PREFETCH_MIN_ROWS
+#if defined(QG_AVX512_VNNI)
+#define PREFETCH_MIN_ROWS 2
+#else
+#define PREFETCH_MIN_ROWS 1
+#endif
+#endif
+
+/* `rows`: the tile's activation rows (a constant at every call site, so the test compiles away). */
+static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *rec, int bytes, int rows) {
+    if (rows < PREFETCH_MIN_ROWS) return;
     for (int line = 0; line < bytes; line += 64) __builtin_prefetch(rec + PREFETCH_BYTES + line, 0, 3);
 }
 /* Activation rows sharing one widened tile group: its 16 registers plus one accumulator per row stay in

@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
     for (int64_t g = 0; g < G; g++, rec += record) {
         __m512i u[16];
         __m512 d, mn = _mm512_setzero_ps();
-        prefetch_ahead(rec, (int)record);
+        prefetch_ahead(rec, (int)record, MB);
         if (bits == 4) {
             q4_widen(rec, u);
             d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
@@ -186,7 +186,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const uint8_t *rec, 
     for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const size_t record = bits == 4 ? Q4_RECORD : Q8_RECORD;
     for (int64_t g = 0; g < G; g++, rec += record) {
-        prefetch_ahead(rec, (int)record);
+        prefetch_ahead(rec, (int)record, MB);
         const int16_t *xq = a->xq + m0 * K + g * GROUP;
         __m256i dot[MBLOCK][2];
         for (int i = 0; i < MB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
