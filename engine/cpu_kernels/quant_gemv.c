@@ -222,11 +222,6 @@ static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, con
     }
 }
 
-/* Batches of at most this many rows are quantized by every thread of the team into its own copy, instead of
- * once, shared, behind a barrier: a decode step of one sequence runs ~120 GEMVs, and with one row the other
- * threads would only wait (quantizing a row costs less than the barrier and the wait). */
-#define PRIVATE_ROWS 4
-
 /* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
 static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 

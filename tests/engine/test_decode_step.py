@@ -144,6 +144,32 @@ def test_the_steps_own_head_gives_the_logits_compute_logits_gives(dtype: str) ->
     assert torch.equal(fused, apart)  # the same C GEMM over the same hidden states, rounded to the dtype alike
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_fused_step_gives_the_same_bits_on_one_two_or_three_threads(dtype: str) -> None:
+    """Up to PRIVATE_ROWS (4) rows on several threads, every thread computes the norms and SiLU into its own rows
+    (decode_step.c); five rows, or one thread, share them: the same code per row, so the same bits every way."""
+    from engine.cpu_kernels.decode_step import DecodeRows
+
+    runner = _llm(dtype).engine.runner
+    bs = 8
+    lens = [3, 9, 17, 8, 30]  # across block boundaries; each row its own blocks
+    tables = [[10 * r + b for b in range((n + bs - 1) // bs)] for r, n in enumerate(lens)]
+    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens, strict=True)]
+    ids = [i % runner.model_config.vocab_size for i in (7, 300, 42, 5, 999)]
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 4, 5):
+            rows = DecodeRows.build(ids[:m], [n - 1 for n in lens[:m]], slots[:m], lens[:m], tables[:m])
+            outs = []
+            for t in (1, 2, 3):
+                torch.set_num_threads(t)
+                outs.append(runner.fused_decode.logits(rows).clone())
+            assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{m} rows"
+            assert bool(torch.isfinite(outs[0]).all()) and outs[0].abs().max() > 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_token_outside_the_vocabulary_is_refused_before_the_step() -> None:
     from engine.cpu_kernels.decode_step import DecodeRows
 
