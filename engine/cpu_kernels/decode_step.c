@@ -90,6 +90,16 @@ static void add_rms_norm_rows(const DecodeModel *md, int64_t M, const void *add,
     }
 }
 
+/* One head's rotate-half by a position's cos and sin: src[s0 ..] into dst[d0 ..]. */
+ALWAYS_INLINE void rope_head(const void *src, int64_t s0, void *dst, int64_t d0, const float *cs, const float *sn,
+                             int64_t half, const int bf) {
+    for (int64_t i = 0; i < half; i++) {
+        const float a = ld(src, s0 + i, bf), b = ld(src, s0 + half + i, bf);
+        st(dst, d0 + i, a * cs[i] - b * sn[i], bf);
+        st(dst, d0 + half + i, b * cs[i] + a * sn[i], bf);
+    }
+}
+
 /* Rotate Q and K of each row by its position (rotate-half), Q into q [M, H, D], K and V into the cache slot. */
 ALWAYS_INLINE void rope_and_store_impl(const DecodeModel *md, int64_t layer, int64_t M, const void *qkv, void *q,
                                        const int64_t *positions, const int64_t *slots, const int bf) {
@@ -99,19 +109,43 @@ ALWAYS_INLINE void rope_and_store_impl(const DecodeModel *md, int64_t layer, int
     for (int64_t m = 0; m < M; m++) {
         const float *cs = md->cos + positions[m] * half, *sn = md->sin + positions[m] * half;
         for (int64_t h = 0; h < H + KVH; h++) {
-            const int64_t src = m * width + h * D;
             void *dst = h < H ? q : md->k_cache[layer];
             const int64_t at = h < H ? (m * H + h) * D : slots[m] * kv_row + (h - H) * D;
-            for (int64_t i = 0; i < half; i++) {
-                const float a = ld(qkv, src + i, bf), b = ld(qkv, src + half + i, bf);
-                st(dst, at + i, a * cs[i] - b * sn[i], bf);
-                st(dst, at + half + i, b * cs[i] + a * sn[i], bf);
-            }
+            rope_head(qkv, m * width + h * D, dst, at, cs, sn, half, bf);
         }
         const size_t elem = bf ? 2 : 4;
         memcpy((char *)md->v_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
                (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, (size_t)kv_row * elem);
     }
+}
+
+/* A thread's own rows (see decode_step): every row's Q into q [M, H, D] and K into k [M, KVH, D], rotated; then,
+ * without a barrier, the team's share of the rows' K (from k) and V (from qkv) into the cache, which no one reads
+ * in this step (the attention reads the new token's K and V from k and qkv). */
+ALWAYS_INLINE void rope_own_impl(const DecodeModel *md, int64_t layer, int64_t M, const void *qkv, void *q, void *k,
+                                 const int64_t *positions, const int64_t *slots, const int bf) {
+    const int64_t H = md->num_heads, KVH = md->num_kv_heads, D = md->head_dim, half = D / 2;
+    const int64_t width = (H + 2 * KVH) * D, kv_row = KVH * D;
+    const size_t elem = bf ? 2 : 4;
+    for (int64_t m = 0; m < M; m++) {
+        const float *cs = md->cos + positions[m] * half, *sn = md->sin + positions[m] * half;
+        for (int64_t h = 0; h < H + KVH; h++)
+            rope_head(qkv, m * width + h * D, h < H ? q : k, h < H ? (m * H + h) * D : (m * KVH + h - H) * D, cs, sn,
+                      half, bf);
+    }
+    #pragma omp for schedule(static) nowait
+    for (int64_t m = 0; m < M; m++) {
+        memcpy((char *)md->k_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
+               (const char *)k + (size_t)(m * kv_row) * elem, (size_t)kv_row * elem);
+        memcpy((char *)md->v_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
+               (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, (size_t)kv_row * elem);
+    }
+}
+
+static void rope_own(const DecodeModel *md, int64_t layer, int64_t M, const void *qkv, void *q, void *k,
+                     const int64_t *positions, const int64_t *slots) {
+    if (md->is_bf16) rope_own_impl(md, layer, M, qkv, q, k, positions, slots, 1);
+    else rope_own_impl(md, layer, M, qkv, q, k, positions, slots, 0);
 }
 
 static void rope_and_store(const DecodeModel *md, int64_t layer, int64_t M, const void *qkv, void *q,
@@ -196,9 +230,13 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, cons
      * threads exchange, three barriers a layer fewer. One row on two threads: 0.91-0.99x the step's time (median
      * 0.94x) while the host ran this 2-vCPU machine's threads apart (a barrier 0.3 us, a plain read 60-74 GB/s),
      * 0.95-1.02x while it ran them as if on one core (a barrier 0.05 us, a read 36 GB/s; interleaved builds,
-     * Zen 4, 2026-12-08). */
+     * Zen 4, 2026-12-08). Each thread also rotates every row's Q and K into its own rows and the attention reads
+     * the new token's K and V from there (rope_own), so no barrier waits for the cache store: 0.96-1.02x (median
+     * 0.97x) with the threads apart, 0.95-1.06x (median 1.00x) otherwise. */
     const int own = M <= PRIVATE_ROWS && num_threads > 1;
-    const size_t mine = own ? 2 * align64((size_t)(M * n) * elem) + align64((size_t)(M * I) * elem) : 0;
+    const size_t rows_bytes = align64((size_t)(M * n) * elem), act_bytes = align64((size_t)(M * I) * elem);
+    const size_t q_bytes = align64((size_t)(M * H * D) * elem);
+    const size_t mine = own ? 2 * rows_bytes + act_bytes + q_bytes + align64((size_t)(M * KVH * D) * elem) : 0;
     int64_t widest = n > I ? n : I;
     widest = widest > H * D ? widest : H * D;
     const size_t sizes[] = {
@@ -212,7 +250,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, cons
         sizeof(float) * (size_t)(M * H * max_len),         /* attention scores */
         sizeof(float) * (size_t)(M * max_chunks * H * D),  /* attention partial sums */
         quant_scratch_bytes(M, widest, num_threads),       /* quantized activations */
-        (size_t)num_threads * mine,                        /* each thread's own residual, hidden and act */
+        (size_t)num_threads * mine,                        /* each thread's own residual, hidden, act, Q, K */
     };
     size_t need = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) need += align64(sizes[i]);
@@ -238,6 +276,7 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, cons
         quant_scratch_split(quant, M, I, num_threads, &acts_i, &rows_i);
         quant_scratch_split(quant, M, H * D, num_threads, &acts_hd, &rows_hd);
         void *res = residual, *hid = hidden, *act_in = act; /* the team's rows, or this thread's own */
+        void *q_own = NULL, *k_own = NULL;
 #ifdef _OPENMP
         /* as quant_gemm_team decides, on the team the runtime gave */
         const int mine_here = own && omp_get_num_threads() > 1;
@@ -248,22 +287,31 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, cons
 #endif
         if (mine_here) {
             res = at;
-            hid = at + align64((size_t)(M * n) * elem);
-            act_in = at + 2 * align64((size_t)(M * n) * elem);
+            hid = at + rows_bytes;
+            act_in = at + 2 * rows_bytes;
+            q_own = at + 2 * rows_bytes + act_bytes;
+            k_own = at + 2 * rows_bytes + act_bytes + q_bytes;
             memcpy(res, residual, (size_t)(M * n) * elem);
         }
         add_rms_norm_rows(md, M, NULL, res, hid, md->input_norm[0], !mine_here);
         for (int64_t l = 0; l < md->num_layers; l++) {
             quant_gemm_team(hid, bf, M, n, md->qkv[l], 4, md->act_bits, width, qkv, bf, &acts_n, rows_n);
-            rope_and_store(md, l, M, qkv, q, positions, slots);
+            const void *q_in = q;
+            const NewTokens fresh = {k_own, KVH * D, (const char *)qkv + (size_t)((H + KVH) * D) * elem, width};
+            if (mine_here) {
+                rope_own(md, l, M, qkv, q_own, k_own, positions, slots);
+                q_in = q_own;
+            } else {
+                rope_and_store(md, l, M, qkv, q, positions, slots);
+            }
             if (bf)
-                paged_decode_team_bf16(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
-                                       H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
-                                       partial);
+                paged_decode_team_bf16(q_in, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn,
+                                       M, H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
+                                       partial, mine_here ? &fresh : NULL);
             else
-                paged_decode_team_f32(q, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn, M,
-                                      H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
-                                      partial);
+                paged_decode_team_f32(q_in, md->k_cache[l], md->v_cache[l], tables, table_stride, seq_lens, attn,
+                                      M, H, KVH, D, md->block_size, md->scale, items, num_items, scores, max_len,
+                                      partial, mine_here ? &fresh : NULL);
             quant_gemm_team(attn, bf, M, H * D, md->o[l], 4, md->act_bits, n, tmp, bf, &acts_hd, rows_hd);
             add_rms_norm_rows(md, M, tmp, res, hid, md->post_norm[l], !mine_here);
             quant_gemm_team(hid, bf, M, n, md->gate_up[l], 4, md->act_bits, 2 * I, gate_up, bf, &acts_n, rows_n);

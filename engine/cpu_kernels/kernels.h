@@ -70,14 +70,24 @@ void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, Quant
 void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int bits, int act_bits,
                      int64_t N, void *out, int out_bf16, const QuantActs *acts, float *rows);
 
+/* The new token's K and V of each row, when the attention reads them from here and not from the cache (the fused
+ * step's rows kept per thread; decode_step.c): row b's KV head g at k + b * k_stride + g * D (v alike), in the
+ * cache's dtype. */
+typedef struct {
+    const void *k;
+    int64_t k_stride;
+    const void *v;
+    int64_t v_stride;
+} NewTokens;
+
 void paged_decode_plan(const int64_t *seq_lens, int64_t B, int64_t bs, int64_t *max_len, int64_t *num_items);
 void paged_decode_team_f32(const float *q, const float *kc, const float *vc, const int64_t *tables,
                            int64_t table_stride, const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                            int64_t KVH, int64_t D, int64_t bs, float scale, int64_t *items, int64_t num_items,
-                           float *scores, int64_t max_len, float *partial);
+                           float *scores, int64_t max_len, float *partial, const NewTokens *fresh);
 void paged_decode_team_bf16(const uint16_t *q, const uint16_t *kc, const uint16_t *vc, const int64_t *tables,
                             int64_t table_stride, const int64_t *seq_lens, uint16_t *out, int64_t B, int64_t H,
                             int64_t KVH, int64_t D, int64_t bs, float scale, int64_t *items, int64_t num_items,
-                            float *scores, int64_t max_len, float *partial);
+                            float *scores, int64_t max_len, float *partial, const NewTokens *fresh);
 
 #endif

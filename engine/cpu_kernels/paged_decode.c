@@ -230,13 +230,18 @@ DEFINE_SPANS(bf16, uint16_t, bf16_round)
 
 /* paged_decode_team_*: the four passes, for a thread team already running (orphaned omp for: every thread
  * of the enclosing parallel region calls it). Scratch from the caller: items [2 * num_items] int64,
- * scores [B * H * max_len] and partial [B * max_chunks * H * D] float32 (see paged_decode_plan).
- * paged_decode_*: the same on its own team, with its own scratch. */
+ * scores [B * H * max_len] and partial [B * max_chunks * H * D] float32 (see paged_decode_plan). `fresh`:
+ * NULL, or where each row's last token's K and V are read instead of the cache (the same values, so the same
+ * sums in the same order). paged_decode_*: the same on its own team, with its own scratch. */
+/* Row b's new K (or V: `which`) at KV-head offset kv in `fresh`, as the cache's type T. */
+#define NEW_ROW(T, fresh, which, b, kv) ((const T *)(fresh)->which + (b) * (fresh)->which##_stride + (kv))
+
 #define DEFINE_KERNEL(SUFFIX, T, LOAD, STORE, ROUND)                                                       \
 void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *tables,               \
                                 int64_t table_stride, const int64_t *seq_lens, T *out, int64_t B, int64_t H,\
                                 int64_t KVH, int64_t D, int64_t bs, float scale, int64_t *items,           \
-                                int64_t num_items, float *scores, int64_t max_len, float *partial) {       \
+                                int64_t num_items, float *scores, int64_t max_len, float *partial,         \
+                                const NewTokens *fresh) {                                                  \
     const int64_t G = H / KVH, row = KVH * D, block_stride = bs * KVH * D, chunk = CHUNK_BLOCKS * bs;      \
     const int64_t max_chunks = (max_len + chunk - 1) / chunk;                                              \
     if (B * H >= PAIRS_PER_THREAD * team_size()) {                                                         \
@@ -246,14 +251,16 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
          * cache lines between the cores cost more than the arithmetic (2 threads slower than 1). */       \
         _Pragma("omp for schedule(static)")                                                                \
         for (int64_t bh = 0; bh < B * H; bh++) {                                                           \
-            const int64_t b = bh / H, len = seq_lens[b], kv = (bh % H / G) * D;                            \
+            const int64_t b = bh / H, len = seq_lens[b], kv = (bh % H / G) * D, upto = fresh ? len - 1 : len;\
             float qh[D], acc[D];                                                                           \
             for (int64_t d = 0; d < D; d++) { qh[d] = LOAD(q[bh * D + d]); acc[d] = 0.0f; }                \
             float *sh = scores + bh * max_len;                                                             \
-            scores_span_##SUFFIX(qh, kc + kv, tables + b * table_stride, 0, len, bs, block_stride, row, D, scale,\
+            scores_span_##SUFFIX(qh, kc + kv, tables + b * table_stride, 0, upto, bs, block_stride, row, D, scale,\
                                  sh);                                                                      \
+            if (fresh) sh[len - 1] = ROUND(dot_##SUFFIX(qh, NEW_ROW(T, fresh, k, b, kv), D)) * scale;      \
             softmax_##SUFFIX(sh, len);                                                                     \
-            values_span_##SUFFIX(acc, sh, vc + kv, tables + b * table_stride, 0, len, bs, block_stride, row, D);\
+            values_span_##SUFFIX(acc, sh, vc + kv, tables + b * table_stride, 0, upto, bs, block_stride, row, D);\
+            if (fresh) weighted_rows_##SUFFIX(acc, sh + len - 1, NEW_ROW(T, fresh, v, b, kv), 0, 1, D);    \
             for (int64_t d = 0; d < D; d++) out[bh * D + d] = STORE(acc[d]);                               \
         }                                                                                                  \
         return;                                                                                            \
@@ -271,10 +278,13 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
     for (int64_t u = 0; u < num_items * H; u++) {                                                          \
         const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];     \
         const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                            \
+        const int last = fresh && t1 == len; /* the new token's score from fresh */                        \
         float qh[D];                                                                                       \
         for (int64_t d = 0; d < D; d++) qh[d] = LOAD(q[(b * H + h) * D + d]);                              \
-        scores_span_##SUFFIX(qh, kc + (h / G) * D, tables + b * table_stride, t0, t1, bs, block_stride, row, D,\
-                             scale, scores + (b * H + h) * max_len);                                       \
+        float *sh = scores + (b * H + h) * max_len;                                                        \
+        scores_span_##SUFFIX(qh, kc + (h / G) * D, tables + b * table_stride, t0, t1 - last, bs, block_stride, row,\
+                             D, scale, sh);                                                                \
+        if (last) sh[len - 1] = ROUND(dot_##SUFFIX(qh, NEW_ROW(T, fresh, k, b, (h / G) * D), D)) * scale;   \
     }                                                                                                      \
     _Pragma("omp for schedule(static)")                                                                    \
     for (int64_t bh = 0; bh < B * H; bh++) softmax_##SUFFIX(scores + bh * max_len, seq_lens[bh / H]);      \
@@ -282,10 +292,13 @@ void paged_decode_team_##SUFFIX(const T *q, const T *kc, const T *vc, const int6
     for (int64_t u = 0; u < num_items * H; u++) {                                                          \
         const int64_t i = u / H, h = u % H, b = items[2 * i], c = items[2 * i + 1], len = seq_lens[b];     \
         const int64_t t0 = c * chunk, t1 = t0 + chunk < len ? t0 + chunk : len;                            \
+        const int last = fresh && t1 == len;                                                               \
         float *acc = partial + ((b * max_chunks + c) * H + h) * D;                                         \
+        const float *sh = scores + (b * H + h) * max_len;                                                  \
         memset(acc, 0, sizeof(float) * (size_t)D);                                                         \
-        values_span_##SUFFIX(acc, scores + (b * H + h) * max_len, vc + (h / G) * D, tables + b * table_stride, t0,\
-                             t1, bs, block_stride, row, D);                                                \
+        values_span_##SUFFIX(acc, sh, vc + (h / G) * D, tables + b * table_stride, t0, t1 - last, bs, block_stride,\
+                             row, D);                                                                      \
+        if (last) weighted_rows_##SUFFIX(acc, sh + len - 1, NEW_ROW(T, fresh, v, b, (h / G) * D), 0, 1, D); \
     }                                                                                                      \
     _Pragma("omp for schedule(static)")                                                                    \
     for (int64_t bh = 0; bh < B * H; bh++) {                                                               \
@@ -309,7 +322,7 @@ int paged_decode_##SUFFIX(const T *q, const T *kc, const T *vc, const int64_t *t
     if (!items || !scores || !partial) { free(items); free(scores); free(partial); return -1; }            \
     _Pragma("omp parallel num_threads(num_threads)")                                                       \
     paged_decode_team_##SUFFIX(q, kc, vc, tables, table_stride, seq_lens, out, B, H, KVH, D, bs, scale,   \
-                               items, num_items, scores, max_len, partial);                                \
+                               items, num_items, scores, max_len, partial, NULL);                          \
     free(items);                                                                                           \
     free(scores);                                                                                          \
     free(partial);                                                                                         \

@@ -146,13 +146,16 @@ def test_the_steps_own_head_gives_the_logits_compute_logits_gives(dtype: str) ->
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_fused_step_gives_the_same_bits_on_one_two_or_three_threads(dtype: str) -> None:
-    """Up to PRIVATE_ROWS (4) rows on several threads, every thread computes the norms and SiLU into its own rows
-    (decode_step.c); five rows, or one thread, share them: the same code per row, so the same bits every way."""
+    """Up to PRIVATE_ROWS (4) rows on several threads, every thread computes the norms, SiLU and rotated Q and K into
+    its own rows, and the attention reads the new token's K and V from them (decode_step.c); five rows, or one thread,
+    share them and read the cache: the same arithmetic in the same order, so the same bits every way. dummy:tiny's 4
+    heads take the attention's chunked passes for one row on two or three threads (45 tokens: the new one in the
+    second chunk of 32), its one-pass path otherwise."""
     from engine.cpu_kernels.decode_step import DecodeRows
 
     runner = _llm(dtype).engine.runner
     bs = 8
-    lens = [3, 9, 17, 8, 30]  # across block boundaries; each row its own blocks
+    lens = [45, 9, 17, 8, 30]  # across block boundaries; each row its own blocks
     tables = [[10 * r + b for b in range((n + bs - 1) // bs)] for r, n in enumerate(lens)]
     slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens, strict=True)]
     ids = [i % runner.model_config.vocab_size for i in (7, 300, 42, 5, 999)]
@@ -161,7 +164,10 @@ def test_the_fused_step_gives_the_same_bits_on_one_two_or_three_threads(dtype: s
         for m in (1, 4, 5):
             rows = DecodeRows.build(ids[:m], [n - 1 for n in lens[:m]], slots[:m], lens[:m], tables[:m])
             outs = []
-            for t in (1, 2, 3):
+            for t in (2, 3, 1):
+                for k, v in runner.kv_caches:  # the new tokens' slots cleared: each call must write what it reads
+                    k.flatten(0, 1)[slots[:m]] = 0
+                    v.flatten(0, 1)[slots[:m]] = 0
                 torch.set_num_threads(t)
                 outs.append(runner.fused_decode.logits(rows).clone())
             assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{m} rows"
