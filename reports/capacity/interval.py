@@ -54,7 +54,8 @@ class RateInterval:
 
     @property
     def half_width(self) -> float:
-        return (self.high - self.low) / 2
+        # NOTE: from the top: the interval is symmetric about the value, but its low end is cut at zero
+        return self.high - self.value
 
     @property
     def relative_half_width(self) -> float:
@@ -140,4 +141,6 @@ def batch_means_interval(rates: Sequence[float] | np.ndarray, confidence: float 
     batches = spread[len(x) - size * num_batches:].reshape(num_batches, size).mean(axis=1)
     se = float(batches.std(ddof=1 + int(controlled))) / math.sqrt(num_batches)
     half = student_t_quantile(0.5 + confidence / 2, num_batches - 1 - int(controlled)) * se
-    return RateInterval(mean, mean - half, mean + half, confidence, num_batches, size * width, controlled)
+    # NOTE: a rate is never negative: where the batches spread wider than the mean (a window that never steadied),
+    # the low end stops at zero instead of reading as a negative token rate
+    return RateInterval(mean, max(0.0, mean - half), mean + half, confidence, num_batches, size * width, controlled)

@@ -83,7 +83,7 @@ def rate_words(value: float | None, interval: dict[str, Any] | None) -> str:
         return "-"
     if interval is None:
         return f"{value:.4g}"
-    return f"{value:.4g} ± {(interval['high'] - interval['low']) / 2:.2g}"
+    return f"{value:.4g} ± {interval['high'] - interval['value']:.2g}"  # the top: a low end may be cut at zero
 
 
 def capacity_figure(capacity: Capacity) -> go.Figure | None:

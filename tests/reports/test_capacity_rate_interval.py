@@ -32,6 +32,14 @@ def test_the_t_quantile_matches_the_table() -> None:
         assert student_t_quantile(0.975, dof) == pytest.approx(exact, rel=2e-3)
 
 
+def test_a_rate_interval_never_reaches_below_zero() -> None:
+    # four batches of 0, 40, 0 and 40 tok/s about a mean of 20: the t interval would start near -17; a rate cannot
+    interval = batch_means_interval(([0.0] * 4 + [40.0] * 4) * 2)
+    assert interval is not None and interval.value == pytest.approx(20.0)
+    assert interval.low == 0.0 and interval.high > 40.0
+    assert interval.half_width == pytest.approx(interval.high - 20.0)  # the uncut half
+
+
 def test_too_few_sub_windows_give_no_interval() -> None:
     assert batch_means_interval([100.0, 101.0, 99.0]) is None
     interval = batch_means_interval([100.0] * 16)
