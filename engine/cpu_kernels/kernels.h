@@ -61,8 +61,9 @@ typedef struct {
 /* Batches of at most this many rows are quantized by every thread of the team into its own copy (quant_gemv.c),
  * instead of once, shared, behind a barrier: a decode step of one sequence runs ~120 GEMVs, and with one row the
  * other threads would only wait (quantizing a row costs less than the barrier and the wait). The fused decode
- * step (decode_step.c) keeps such batches' residuals, norms and SiLU per thread too: quant_gemm_team reads its
- * input from each thread's own copy exactly when M <= PRIVATE_ROWS on more than one thread. */
+ * step (decode_step.c) keeps such batches' residuals, norms, SiLU and rotated Q and K per thread too:
+ * quant_gemm_team reads its input from each thread's own copy exactly when M <= PRIVATE_ROWS on more than one
+ * thread. */
 #define PRIVATE_ROWS 4
 
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads);
