@@ -72,21 +72,21 @@ ALWAYS_INLINE void add_rms_norm_row(const DecodeModel *md, int64_t m, const void
         st(normed, m * n + i, ld(weight, i, bf) * rnd(ld(residual, m * n + i, bf) * inv, bf), bf);
 }
 
+static void add_rms_norm_one(const DecodeModel *md, int64_t m, const void *add, void *residual, void *normed,
+                             const void *weight) {
+    if (md->is_bf16) add_rms_norm_row(md, m, add, residual, normed, weight, 1);
+    else add_rms_norm_row(md, m, add, residual, normed, weight, 0);
+}
+
 /* Every row, split over the team (shared: `residual` and `normed` are the team's), or all on the calling thread
  * (its own copies; see decode_step). */
 static void add_rms_norm_rows(const DecodeModel *md, int64_t M, const void *add, void *residual, void *normed,
                               const void *weight, int shared) {
     if (shared) {
         #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            if (md->is_bf16) add_rms_norm_row(md, m, add, residual, normed, weight, 1);
-            else add_rms_norm_row(md, m, add, residual, normed, weight, 0);
-        }
+        for (int64_t m = 0; m < M; m++) add_rms_norm_one(md, m, add, residual, normed, weight);
     } else {
-        for (int64_t m = 0; m < M; m++) {
-            if (md->is_bf16) add_rms_norm_row(md, m, add, residual, normed, weight, 1);
-            else add_rms_norm_row(md, m, add, residual, normed, weight, 0);
-        }
+        for (int64_t m = 0; m < M; m++) add_rms_norm_one(md, m, add, residual, normed, weight);
     }
 }
 
@@ -98,6 +98,11 @@ ALWAYS_INLINE void rope_head(const void *src, int64_t s0, void *dst, int64_t d0,
         st(dst, d0 + i, a * cs[i] - b * sn[i], bf);
         st(dst, d0 + half + i, b * cs[i] + a * sn[i], bf);
     }
+}
+
+/* One row's K or V (kv_row values of `elem` bytes at src) into its slot of a layer's cache. */
+ALWAYS_INLINE void to_slot(void *cache, int64_t slot, const void *src, int64_t kv_row, size_t elem) {
+    memcpy((char *)cache + (size_t)(slot * kv_row) * elem, src, (size_t)kv_row * elem);
 }
 
 /* Rotate Q and K of each row by its position (rotate-half), Q into q [M, H, D], K and V into the cache slot. */
@@ -114,8 +119,8 @@ ALWAYS_INLINE void rope_and_store_impl(const DecodeModel *md, int64_t layer, int
             rope_head(qkv, m * width + h * D, dst, at, cs, sn, half, bf);
         }
         const size_t elem = bf ? 2 : 4;
-        memcpy((char *)md->v_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
-               (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, (size_t)kv_row * elem);
+        to_slot(md->v_cache[layer], slots[m], (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, kv_row,
+                elem);
     }
 }
 
@@ -135,10 +140,9 @@ ALWAYS_INLINE void rope_own_impl(const DecodeModel *md, int64_t layer, int64_t M
     }
     #pragma omp for schedule(static) nowait
     for (int64_t m = 0; m < M; m++) {
-        memcpy((char *)md->k_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
-               (const char *)k + (size_t)(m * kv_row) * elem, (size_t)kv_row * elem);
-        memcpy((char *)md->v_cache[layer] + (size_t)(slots[m] * kv_row) * elem,
-               (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, (size_t)kv_row * elem);
+        to_slot(md->k_cache[layer], slots[m], (const char *)k + (size_t)(m * kv_row) * elem, kv_row, elem);
+        to_slot(md->v_cache[layer], slots[m], (const char *)qkv + (size_t)(m * width + (H + KVH) * D) * elem, kv_row,
+                elem);
     }
 }
 
@@ -277,12 +281,10 @@ int decode_step(const DecodeModel *md, int64_t M, const int64_t *input_ids, cons
         quant_scratch_split(quant, M, H * D, num_threads, &acts_hd, &rows_hd);
         void *res = residual, *hid = hidden, *act_in = act; /* the team's rows, or this thread's own */
         void *q_own = NULL, *k_own = NULL;
+        const int mine_here = quant_rows_private(M); /* as quant_gemm_team decides, on the team the runtime gave */
 #ifdef _OPENMP
-        /* as quant_gemm_team decides, on the team the runtime gave */
-        const int mine_here = own && omp_get_num_threads() > 1;
         char *at = own_rows + (size_t)omp_get_thread_num() * mine;
 #else
-        const int mine_here = 0;
         char *at = own_rows;
 #endif
         if (mine_here) {

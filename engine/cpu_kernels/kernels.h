@@ -62,9 +62,10 @@ typedef struct {
  * instead of once, shared, behind a barrier: a decode step of one sequence runs ~120 GEMVs, and with one row the
  * other threads would only wait (quantizing a row costs less than the barrier and the wait). The fused decode
  * step (decode_step.c) keeps such batches' residuals, norms, SiLU and rotated Q and K per thread too:
- * quant_gemm_team reads its input from each thread's own copy exactly when M <= PRIVATE_ROWS on more than one
- * thread. */
+ * quant_gemm_team reads its input from each thread's own copy exactly where quant_rows_private(M) holds. */
 #define PRIVATE_ROWS 4
+
+int quant_rows_private(int64_t M);
 
 size_t quant_scratch_bytes(int64_t M, int64_t K, int threads);
 void quant_scratch_split(void *scratch, int64_t M, int64_t K, int threads, QuantActs *a, float **rows);

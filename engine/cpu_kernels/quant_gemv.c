@@ -222,6 +222,9 @@ static void tile_rows(const uint8_t *rec, int bits, int act_bits, int64_t G, con
     }
 }
 
+/* Inside a running team: whether each thread quantizes M rows into its own copy (see PRIVATE_ROWS). */
+int quant_rows_private(int64_t M) { return M <= PRIVATE_ROWS && omp_team_size() > 1; }
+
 /* How many copies of the quantized activations a team keeps: one per thread for a few rows, else one. */
 static size_t acts_copies(int64_t M, int threads) { return M <= PRIVATE_ROWS ? (size_t)threads : 1; }
 
@@ -273,7 +276,7 @@ void quant_gemm_team(const void *x, int x_bf16, int64_t M, int64_t K, const uint
     const int num_threads = omp_team_size();
     QuantActs own;
     const QuantActs *use = acts;
-    if (M <= PRIVATE_ROWS && num_threads > 1) {
+    if (quant_rows_private(M)) {
         own = acts_at((char *)acts->xq + (size_t)thread * acts_stride(M, K), M, K);
         for (int64_t m = 0; m < M; m++) quantize_one(x, x_bf16, m, K, bits, act_bits, &own, row);
         use = &own;
